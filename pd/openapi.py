@@ -15,12 +15,8 @@ from estream.wire.fields import stream_name_bytes_max, streams_page_default, str
 from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT, STORAGE_CLASSES
 from estream.wire.record import DIGESTS
 from pd.openapikafka import add_groups, add_kafka_field
-from pd.openapiranges import add_range_report
+from pd.openapiranges import add_range_report, schema_ref
 from pd.validate import request_id_chars_max
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -36,7 +32,7 @@ def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "Bad input", 404: "Not found", 409: "Conflict",
             401: "Missing or invalid bearer token (only when the node has tokens)",
             503: "No leader reachable (or no range servers to place on)"}
-    return {str(c): _json(_ref("Error"), text[c]) for c in codes}
+    return {str(c): _json(schema_ref("Error"), text[c]) for c in codes}
 
 
 _NULLABLE_STR: Final = {"type": ["string", "null"]}
@@ -64,7 +60,7 @@ SCHEMAS: Final[dict[str, Any]] = {
             "start": {"type": "integer", "minimum": 0},
             "end": {"type": ["integer", "null"], "minimum": 0},
             "state": {"type": "string", "enum": ["open", "sealed"]},
-            "replicas": {"type": "array", "items": _ref("Replica")},
+            "replicas": {"type": "array", "items": schema_ref("Replica")},
             "tier": {"type": "string", "enum": ["local", "object"]},
             "object_key": _NULLABLE_STR,
             "object_part": {
@@ -93,7 +89,7 @@ SCHEMAS: Final[dict[str, Any]] = {
             "hints": {"type": "array", "items": {"type": "string"}},
             "epoch": {"type": "integer", "minimum": 0},
             "start_offset": {"type": "integer", "minimum": 0},
-            "ranges": {"type": "array", "items": _ref("Range")},
+            "ranges": {"type": "array", "items": schema_ref("Range")},
         },
     },
     "CreateStream": {
@@ -135,7 +131,7 @@ SCHEMAS: Final[dict[str, Any]] = {
             "self": {"type": "string"},
             "term": {"type": "integer"},
             "commit_index": {"type": "integer"},
-            "nodes": {"type": "array", "items": _ref("PdNode")},
+            "nodes": {"type": "array", "items": schema_ref("PdNode")},
             "object_store": {"oneOf": [{"type": "null"}, {
                 "type": "object", "required": ["url", "endpoint"],
                 "properties": {"url": {"type": "string"}, "endpoint": _NULLABLE_STR},
@@ -171,21 +167,21 @@ OPENAPI: Final[dict[str, Any]] = {
     "paths": {
         "/v1/cluster": {"get": {
             "summary": "Raft role, leader, term and nodes of the placement driver",
-            "responses": {"200": _json(_ref("Cluster"), "The cluster")},
+            "responses": {"200": _json(schema_ref("Cluster"), "The cluster")},
         }},
         "/v1/streams": {
             "get": {
                 "summary": "Every stream with its ranges",
                 "responses": {"200": _json({
                     "type": "object", "required": ["streams"],
-                    "properties": {"streams": {"type": "array", "items": _ref("Stream")}},
+                    "properties": {"streams": {"type": "array", "items": schema_ref("Stream")}},
                 }, "The streams")},
             },
             "post": {
                 "summary": "Create a stream (range 0 placed and open)",
                 "requestBody": {"required": True, "content": {
-                    "application/json": {"schema": _ref("CreateStream")}}},
-                "responses": {"201": _json(_ref("Stream"), "Created"),
+                    "application/json": {"schema": schema_ref("CreateStream")}}},
+                "responses": {"201": _json(schema_ref("Stream"), "Created"),
                               **_errors(400, 401, 409, 503)},
                 "security": _WRITE_SECURITY,
             },
@@ -193,7 +189,7 @@ OPENAPI: Final[dict[str, Any]] = {
         "/v1/streams/{name}": {
             "parameters": [_NAME_PARAM],
             "get": {"summary": "One stream with its ranges and replicas",
-                    "responses": {"200": _json(_ref("Stream"), "The stream"),
+                    "responses": {"200": _json(schema_ref("Stream"), "The stream"),
                                   **_errors(404)}},
             "delete": {"summary": "Delete a stream (id: that incarnation only, else 404; "
                                   "request_id: one per delete, the same on its retries)",
@@ -211,13 +207,13 @@ OPENAPI: Final[dict[str, Any]] = {
             "responses": {"200": _json({
                 "type": "object", "required": ["rangeservers"],
                 "properties": {"rangeservers": {"type": "array",
-                                                "items": _ref("RangeServer")}},
+                                                "items": schema_ref("RangeServer")}},
             }, "The range servers")},
         }},
         "/v1/rangeservers/{id}": {
             "parameters": [_SERVER_PARAM],
             "get": {"summary": "One range server with its drain state and replica count",
-                    "responses": {"200": _json(_ref("RangeServer"), "The range server"),
+                    "responses": {"200": _json(schema_ref("RangeServer"), "The range server"),
                                   **_errors(404)}},
             "delete": {"summary": "Forget a dead range server (as POST .../forget)",
                        "responses": {"200": _json(_FORGOTTEN, "Forgotten"),
@@ -228,11 +224,11 @@ OPENAPI: Final[dict[str, Any]] = {
             "parameters": [_SERVER_PARAM],
             "post": {"summary": "Drain a range server: every replica moves off it, its open "
                                 "ranges roll away, it gets no new ones",
-                     "responses": {"200": _json(_ref("RangeServer"), "Draining"),
+                     "responses": {"200": _json(schema_ref("RangeServer"), "Draining"),
                                    **_errors(401, 404, 503)},
                      "security": _WRITE_SECURITY},
             "delete": {"summary": "Stop draining: the range server is active again",
-                       "responses": {"200": _json(_ref("RangeServer"), "Active"),
+                       "responses": {"200": _json(schema_ref("RangeServer"), "Active"),
                                      **_errors(401, 404, 503)},
                        "security": _WRITE_SECURITY},
         },
@@ -249,7 +245,7 @@ OPENAPI: Final[dict[str, Any]] = {
                        "progress; under_replicated=1: only ranges needing repair",
             "parameters": [{"name": "under_replicated", "in": "query", "required": False,
                             "schema": {"type": "string", "enum": ["0", "1", "true", "false"]}}],
-            "responses": {"200": _json(_ref("RangesReport"), "The ranges"),
+            "responses": {"200": _json(schema_ref("RangesReport"), "The ranges"),
                           **_errors(400, 503)},
         }},
         "/ui": {"get": {"summary": "The web console (one HTML page over this API)",
@@ -306,7 +302,7 @@ def _add_time_cursors_retention() -> None:
                     "type": "object", "required": ["stream", "end", "cursors"],
                     "properties": {"stream": {"type": "string"},
                                    "end": {"type": "integer", "minimum": 0},
-                                   "cursors": {"type": "array", "items": _ref("Cursor")}},
+                                   "cursors": {"type": "array", "items": schema_ref("Cursor")}},
                 }, "The cursors"), **_errors(404, 503)}},
         "post": {"summary": "Commit a named cursor (400: negative, past the readable end, "
                             "or a bad name)",
@@ -348,7 +344,7 @@ _add_ensemble()
 def _add_stream_figures() -> None:
     """A stream's figures (``pd/streamfigures.py``) and trimming over HTTP."""
     nullable_int = {"type": ["integer", "null"]}
-    SCHEMAS["StreamFigures"] = {"allOf": [_ref("Stream"), {
+    SCHEMAS["StreamFigures"] = {"allOf": [schema_ref("Stream"), {
         "type": "object",
         "required": ["end_offset", "records", "bytes", "first_timestamp", "last_timestamp",
                      "figures_exact"],
@@ -372,7 +368,7 @@ def _add_stream_figures() -> None:
     OPENAPI["paths"]["/v1/streams/{name}"]["get"] = {
         "summary": "One stream with its ranges, replicas, end offset, record count, bytes "
                    "and first and last timestamps",
-        "responses": {"200": _json(_ref("StreamFigures"), "The stream"), **_errors(404)}}
+        "responses": {"200": _json(schema_ref("StreamFigures"), "The stream"), **_errors(404)}}
     trim = {"type": "object", "required": ["start_offset"], "additionalProperties": False,
             "properties": {"start_offset": {"type": "integer", "minimum": 0,
                                             "maximum": 2**63 - 1}}}
@@ -383,7 +379,7 @@ def _add_stream_figures() -> None:
                             "current one changes nothing)",
                  "requestBody": {"required": True,
                                  "content": {"application/json": {"schema": trim}}},
-                 "responses": {"200": _json(_ref("Stream"), "Trimmed"),
+                 "responses": {"200": _json(schema_ref("Stream"), "Trimmed"),
                                **_errors(400, 401, 404, 503)},
                  "security": _WRITE_SECURITY},
     }
@@ -404,8 +400,8 @@ def _add_retention_changes() -> None:
                    "from its next round; 400: no field, another field, or a limit not "
                    "positive)",
         "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": _ref("SetRetention")}}},
-        "responses": {"200": _json(_ref("Stream"), "The stream with its new limits"),
+                        "content": {"application/json": {"schema": schema_ref("SetRetention")}}},
+        "responses": {"200": _json(schema_ref("Stream"), "The stream with its new limits"),
                       **_errors(400, 401, 404, 503)},
         "security": _WRITE_SECURITY}
     OPENAPI["paths"]["/v1/streams/{name}/cursors/{cursor}"] = {
@@ -441,7 +437,7 @@ def _add_paging() -> None:
             _query("after", "string", maxLength=stream_name_bytes_max)],
         "responses": {"200": _json({
             "type": "object", "required": ["streams", "next"],
-            "properties": {"streams": {"type": "array", "items": _ref("StreamFigures")},
+            "properties": {"streams": {"type": "array", "items": schema_ref("StreamFigures")},
                            "next": _NULLABLE_STR},
         }, "The streams"), **_errors(400)}}
     SCHEMAS["Stream"]["properties"]["ranges_more"] = {
@@ -480,13 +476,13 @@ def _add_console() -> None:
                        "can_finish": {"type": "boolean"},
                        "reason": {**_NULLABLE_STR, "description": "'cannot finish: needs N "
                                                                   "servers ...', or null"}}}
-    SCHEMAS["RangeServer"]["properties"]["drain"] = _ref("DrainOutlook")
+    SCHEMAS["RangeServer"]["properties"]["drain"] = schema_ref("DrainOutlook")
     OPENAPI["paths"]["/v1/rangeservers/{id}"]["get"] = {
         "summary": "One range server with its drain state, replica count and whether a "
                    "drain of it can finish",
-        "responses": {"200": _json({"allOf": [_ref("RangeServer"), {
+        "responses": {"200": _json({"allOf": [schema_ref("RangeServer"), {
             "type": "object", "required": ["drain"],
-            "properties": {"drain": _ref("DrainOutlook")}}]}, "The range server"),
+            "properties": {"drain": schema_ref("DrainOutlook")}}]}, "The range server"),
             **_errors(404)}}
     SCHEMAS["BrowsedRecord"] = {
         "type": "object",
@@ -518,11 +514,11 @@ def _add_console() -> None:
                                                "next"],
                 "properties": {"stream": {"type": "string"}, "offset": nullable_int,
                                "start_offset": {"type": "integer", "minimum": 0},
-                               "records": {"type": "array", "items": _ref("BrowsedRecord")},
+                               "records": {"type": "array", "items": schema_ref("BrowsedRecord")},
                                "next": {**nullable_int, "description": "the offset after "
                                         "the last record given (null: none at the time)"}}},
                 "The records"),
-                "403": _json(_ref("Error"), "An hmac-sha256 stream: PD holds no secret"),
+                "403": _json(schema_ref("Error"), "An hmac-sha256 stream: PD holds no secret"),
                 **_errors(400, 404, 503)}}}
     figure = {"type": "number"}
     OPENAPI["paths"]["/v1/samples"] = {"get": {

@@ -10,7 +10,8 @@ _COUNT: Final = {"type": "integer", "minimum": 0}
 _NULLABLE_STR: Final = {"type": ["string", "null"]}
 
 
-def _ref(name: str) -> dict[str, str]:
+def schema_ref(name: str) -> dict[str, str]:
+    """A reference to the schema ``name`` of the document's components."""
     return {"$ref": f"#/components/schemas/{name}"}
 
 
@@ -57,7 +58,7 @@ def add_range_report(schemas: dict[str, Any]) -> None:
         "type": "object",
         "required": ["ranges", "repair"],
         "properties": {
-            "ranges": {"type": "array", "items": _ref("RangeHealth")},
+            "ranges": {"type": "array", "items": schema_ref("RangeHealth")},
             "repair": {
                 "type": "object",
                 "required": ["leader", "under_replicated", "in_progress", "planned",
@@ -68,7 +69,7 @@ def add_range_report(schemas: dict[str, Any]) -> None:
                     "moving": {**_COUNT, "description": "ranges with a replica to move off "
                                                         "a draining server"},
                     "in_progress": _COUNT, "planned": _COUNT, "deferred": _COUNT,
-                    "skipped": {"type": "array", "items": _ref("SkippedRange"),
+                    "skipped": {"type": "array", "items": schema_ref("SkippedRange"),
                                 "description": "ranges the last repair round could not "
                                                "repair, and why (at most 1,000)"},
                     "skipped_omitted": {**_COUNT, "description": "skipped ranges past "
