@@ -15,6 +15,8 @@ which node opens a connection. What TCP does, decided by the seed:
   lost; the bytes in flight are gone);
 - down nodes (:meth:`SimNetwork.down`): their connections break, connects to them are
   refused, their listeners are gone until served again;
+- slow nodes (:meth:`SimNetwork.slow`): every write to or from the node arrives that much
+  later on top of its delay (a server that answers, late), in order;
 - held nodes (:meth:`SimNetwork.hold`, :meth:`SimNetwork.release`): a stopped process
   (SIGSTOP): its connections stay up, but nothing reaches it or leaves it until released
   (as across a cut);
@@ -57,6 +59,7 @@ class Faults:
     cuts: set[frozenset[str]] = field(default_factory=set)  # links that carry nothing
     down: set[str] = field(default_factory=set)  # nodes whose network is off
     held: set[str] = field(default_factory=set)  # stopped nodes: their bytes wait
+    slow_ms: dict[str, float] = field(default_factory=dict)  # node -> extra delay per write
     # (writer, peer): the next write from writer to peer resets the connection instead
     lose_writes: set[tuple[str, str]] = field(default_factory=set)
 
@@ -178,8 +181,12 @@ class SimTransport(asyncio.Transport):
 
     def _send(self, chunk: bytes) -> None:
         loop = self._net.loop
-        low, high = self._net.faults.delay_ms
+        faults = self._net.faults
+        low, high = faults.delay_ms
         delay_s = self._net.rng.uniform(low, high) / 1000
+        if faults.slow_ms:
+            delay_s += (faults.slow_ms.get(self.node, 0.0)
+                        + faults.slow_ms.get(self.peer_node, 0.0)) / 1000
         # Strictly after the write before it: the loop's seeded tie-break would reorder
         # two writes due at the same instant, and TCP keeps a connection's bytes in order.
         self._arrive_at = max(self._arrive_at + 2 * TIE_BREAK_S, loop.time() + delay_s)
@@ -285,6 +292,14 @@ class SimNetwork:
     def heal(self, a: str, b: str) -> None:
         self.faults.cuts.discard(frozenset((a, b)))
         self._release_held()
+
+    def slow(self, node: str, ms: float) -> None:
+        """Every write to or from ``node`` arrives ``ms`` later than it would (0: no longer);
+        a connection's bytes stay in order."""
+        if ms > 0:
+            self.faults.slow_ms[node] = ms
+        else:
+            self.faults.slow_ms.pop(node, None)
 
     def hold(self, node: str) -> None:
         """``node``'s process is stopped: its connections stay up, but what is written to

@@ -60,6 +60,10 @@ or damaged, the writer dying with one server lagging and two down. ``hung-holder
 (and ``striped-``): a plain read's first choice hangs; it reads on from the next holder
 after its READ bound (``tests/sim/hungread.py``).
 
+Slow: ``test_slow_seed`` adds a slow server to a seed's faults (every message to and from
+it late by one of ``SLOW_MS`` for a while: a replica that answers, below, across or far past
+the writers' chase bounds); the first ``SLOW_SEEDS_FAST_MAX`` in make test.
+
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
 ``ESTREAM_SIM_SEEDS=2000 pytest tests/sim`` (or ``=2000:3000``); seeds 20..249 are ``slow``
 (``-m slow``); one row: ``pytest
@@ -118,6 +122,11 @@ STRIPED_SEEDS_FAST_MAX = 4  # ...the first this many in make test, the rest slow
 # answered by no member of a write set), 1834 (created before a heartbeat came).
 REGRESSION_SEEDS = (2095,)
 STRIPED_REGRESSION_SEEDS = (1745, 1834)
+SLOW_SEEDS_DEFAULT = 60  # seeds with slow servers among the faults (test_slow_seed)...
+SLOW_SEEDS_FAST_MAX = 4  # ...the first this many in make test, the rest slow
+# a slow server's extra delay per message: below the writers' chase bounds (60 or 150 ms),
+# across them, and far past them
+SLOW_MS = (10, 40, 200, 1000)
 SETTLE_STEPS_MAX = 100_000  # Sim.settle: steps for the servers to boot (or create a range)
 REGISTER_LOOKS_MAX = 1_000  # Sim._registered: looks, 10 ms apart, for every first heartbeat
 RECOVERED_LOG = "recovered %s range %d: sealed at %d, holders %s"  # estream/net/recovery.py
@@ -155,8 +164,9 @@ async def _seal(server: RangeServerNode, key: RangeKey, epoch: int, end: int) ->
 
 class Sim:
     def __init__(self, seed: int, data_dir: Path, *, servers: int = 5,
-                 striped: bool = False) -> None:
+                 striped: bool = False, slow: bool = False) -> None:
         self.world = World(seed)
+        self.slow_faults = slow  # "slow" among the seed's faults (test_slow_seed)
         rng = self.world.rng
         self.faults = Faults(drop=rng.choice([0.0, 0.0, 0.003, 0.01]))
         self.lossy = self.faults.drop > 0  # lost messages fail replicas: rolls beyond faults
@@ -362,6 +372,8 @@ class Sim:
             kinds.append(rng.choice(["wipe", "damage"]))
         if self.striped is not None:
             kinds.append("striped_writer_crash")
+        if self.slow_faults:
+            kinds += ["slow", "slow"]
         for _ in range(rng.randint(1, 5)):
             at = rng.randint(10, HEAL_AT_MS - 300)
             kind = rng.choice(kinds)
@@ -375,6 +387,8 @@ class Sim:
             self.crash(rng.choice(up), rng.randint(50, 800))
         elif kind == "hang" and up:
             self.hang(rng.choice(up), rng.randint(50, 1500))
+        elif kind == "slow" and up:
+            self.slow(rng.choice(up), rng.choice(SLOW_MS), rng.randint(100, 2000))
         elif kind == "wipe" and up:
             self.wipe(rng.choice(up), rng.randint(20, 400))
         elif kind == "damage":
@@ -411,6 +425,12 @@ class Sim:
         server = self.servers[node]
         server.hang()
         self.world.after(ms, server.resume)
+
+    def slow(self, node: str, extra_ms: int, ms: int) -> None:
+        """Every message to and from ``node`` ``extra_ms`` late, for ``ms``."""
+        self.note(f"slow {node} by {extra_ms} ms a message for {ms} ms")
+        self.net.slow(node, extra_ms)
+        self.world.after(ms, lambda: self.net.slow(node, 0))
 
     def wipe(self, node: str, down_ms: int) -> None:
         """The data directory replaced by an empty one: back with a new server id."""
@@ -473,6 +493,8 @@ class Sim:
         for server in self.servers.values():
             if server.hung:
                 server.resume()
+        for node in list(self.net.faults.slow_ms):
+            self.net.slow(node, 0)
         self.faults.drop = 0.0
         self.net.faults.reset_rate = 0.0
         self.repair_seals()
@@ -1260,6 +1282,29 @@ def test_striped_seed(seed: int, tmp_path: Path) -> None:
     except AssertionError as exc:
         raise AssertionError(
             f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim -k striped\n"
+            f"{sim.trace()}") from exc
+    finally:
+        sim.end()
+
+
+def slow_seeds() -> list[Any]:
+    """The seeds run with slow servers among the faults: as :func:`striped_seeds`."""
+    if os.environ.get("ESTREAM_SIM_SEED") is not None or os.environ.get("ESTREAM_SIM_SEEDS"):
+        return seeds()
+    return [s if s < SLOW_SEEDS_FAST_MAX else pytest.param(s, marks=pytest.mark.slow)
+            for s in range(SLOW_SEEDS_DEFAULT)]
+
+
+@pytest.mark.parametrize("seed", slow_seeds())
+def test_slow_seed(seed: int, tmp_path: Path) -> None:
+    """A seed's world whose faults also make a server slow (every message to and from it
+    late, below, across or far past the writers' chase bounds) for a while."""
+    sim = Sim(seed, tmp_path, slow=True)
+    try:
+        sim.run()
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim -k slow_seed\n"
             f"{sim.trace()}") from exc
     finally:
         sim.end()
