@@ -202,7 +202,11 @@ def recover_striped(
         holders = tuple(walk.ids[p] for p in sorted(sound) if p not in bad and (
             sound[p].last_index >= stripe.prev_held(p, decision.batches)))
         exclude = tuple(i for p, i in enumerate(walk.ids) if p not in sound)
-        if decision.batches == 0 and not exclude and not any(a.sealed for a in sound.values()):
+        if decision.batches == 0 and not exclude and all(
+                a.last_index < 0 and not a.sealed for a in sound.values()):
+            # Kept open only when no replica holds a batch: one of a later index
+            # (an unacknowledged batch whose write set's first batches never landed)
+            # would answer the next writer's batch of that index as a duplicate.
             return RecoveryResult(meta, True, rng.start, holders)
         if progress is not None:
             progress.asked_pd = True

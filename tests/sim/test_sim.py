@@ -119,9 +119,10 @@ STRIPED_SEEDS_DEFAULT = 120  # seeds with a striped stream beside (test_striped_
 STRIPED_SEEDS_FAST_MAX = 4  # ...the first this many in make test, the rest slow
 # Seeds past those that once failed, run in make test beside the first ones: 2095 (a
 # recovery's holder wiped after its fence answer); striped 1745 (close's durable CONFIRM
-# answered by no member of a write set), 1834 (created before a heartbeat came).
+# answered by no member of a write set), 1834 (created before a heartbeat came), 3665 (a
+# recovered range kept open while one replica held a dead writer's later batches).
 REGRESSION_SEEDS = (2095,)
-STRIPED_REGRESSION_SEEDS = (1745, 1834)
+STRIPED_REGRESSION_SEEDS = (1745, 1834, 3665)
 SLOW_SEEDS_DEFAULT = 60  # seeds with slow servers among the faults (test_slow_seed)...
 SLOW_SEEDS_FAST_MAX = 4  # ...the first this many in make test, the rest slow
 # a slow server's extra delay per message: below the writers' chase bounds (60 or 150 ms),

@@ -172,6 +172,17 @@ def test_too_few_answers_in_the_next_write_set_is_unavailable_never_a_short_seal
         run(world)
 
 
+def test_a_range_whose_first_batches_never_landed_is_sealed_empty_not_kept() -> None:
+    # Sim striped seed 3665: the dead writer's batches 0 and 1 reached none of their write
+    # sets, while position 4 took batches 2, 3 and 4 (its chain). None was acknowledged,
+    # so the range ends at its start; kept open, position 4 answered the next writer's
+    # batches 2 and 3 as duplicates of the dead writer's: acknowledged, held by one server.
+    world = World({0: [], 1: [], 2: [], 3: [], 4: [2, 3, 4]})
+    result = run(world)
+    assert (result.kept, result.end) == (False, 0)
+    assert seals(world)[0] == SealInPd(0, 0, (), 0)
+
+
 def test_an_empty_range_is_kept_one_batch_sealed_with_its_count_a_newer_epoch_ends_it(
         ) -> None:
     world = World({p: [] for p in range(5)}, errors={2: RangeNotFound("never created")})
