@@ -38,7 +38,9 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   else it fails and the next replica is asked at once; a replica whose read failed as
   unavailable (timed out, or its server cannot be reached) is asked last for the next
   ``hung_last_reads`` reads (or until it answers), so the tail stays on the replicas that
-  answer while that server hangs, and comes back to it later. A plain read (each READ
+  answer while that server hangs, and comes back to it later; but after
+  ``hung_retry_polls`` empty long polls from the others it is asked again in turn (those
+  may be replicas the writer left behind, which hear of no record). A plain read (each READ
   bounded as below) orders such a replica last the same way, for the rest of the read
   (all its parts: ``hung`` may be shared), and ends an open range without asking it once a
   seal quorum of the others has nothing more;
@@ -124,6 +126,9 @@ tail_answer_ms_max: Final = 1_000  # a tail's read not answered this long past i
 #   the server is taken as hung (a long poll of follow_wait_ms: another replica within 2 s)
 read_answer_ms_max: Final = 1_500  # a plain read's READ not answered this long: hung, next one
 hung_last_reads: Final = 1_000  # reads for which a replica that did not answer is asked last
+hung_retry_polls: Final = 3  # a tail's empty long polls, with replicas of the range left last
+#   as hung, before those are asked again in turn: the ones answering may be replicas the
+#   writer left behind (its range running degraded), which never hear of a record
 object_read_bytes_max: Final = limits.read_bytes_max  # one ReadObject's batches, at most
 object_part_bytes_max: Final = limits.read_bytes_max  # one ranged GET of them (several: at once)
 
@@ -144,6 +149,7 @@ class CursorConfig:
     tail_answer_ms_max: int = tail_answer_ms_max
     read_answer_ms_max: int = read_answer_ms_max
     hung_last_reads: int = hung_last_reads
+    hung_retry_polls: int = hung_retry_polls
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -361,6 +367,7 @@ class ReadCursor:
         self.hung = {} if hung is None else hung  # replicas that did not answer: reads left
         self.quiet_polls = 0  # a tail's empty polls since it last looked PD up ...
         self.short_polls = 0  # ... of which some replica of the range did not answer
+        self.polls_beside_hung = 0  # a tail's empty polls while replicas were left last
         self.unanswered = False  # some replica failed in the last _read_range
         self.at: BatchAt | None = None  # a striped range: the batch the read goes on from
         self.asked: list[str] = []  # the last round's servers, in order (a tail rotates them)
@@ -455,6 +462,16 @@ class ReadCursor:
         or the writer left it behind)."""
         if answer.elapsed_ms < wait_ms // 2:
             yield Sleep(self.config.unheld_poll_pause_ms)
+        left_last = [r.id for r in rng.replicas if r.id in self.hung]
+        if left_last:
+            # Empty answers from the others say nothing of the ones left last: the writer
+            # may have dropped the replicas answering (sim seed 3837: the tail polled one
+            # for as long as it hung the others' 1,000 reads, records acknowledged meanwhile).
+            self.polls_beside_hung += 1
+            if self.polls_beside_hung >= self.config.hung_retry_polls:
+                self.polls_beside_hung = 0
+                for replica in left_last:
+                    del self.hung[replica]
         self.polls += 1
         ring = self.asked if self.at is not None else [r.id for r in rng.replicas]
         self.poll_from = ring[self.polls % len(ring)] if ring else None

@@ -120,8 +120,9 @@ STRIPED_SEEDS_FAST_MAX = 4  # ...the first this many in make test, the rest slow
 # Seeds past those that once failed, run in make test beside the first ones: 2095 (a
 # recovery's holder wiped after its fence answer); striped 1745 (close's durable CONFIRM
 # answered by no member of a write set), 1834 (created before a heartbeat came), 3665 (a
-# recovered range kept open while one replica held a dead writer's later batches).
-REGRESSION_SEEDS = (2095,)
+# recovered range kept open while one replica held a dead writer's later batches); 3837 (a
+# tail left on a replica the writer dropped while it asked the others last as hung).
+REGRESSION_SEEDS = (2095, 3837)
 STRIPED_REGRESSION_SEEDS = (1745, 1834, 3665)
 SLOW_SEEDS_DEFAULT = 60  # seeds with slow servers among the faults (test_slow_seed)...
 SLOW_SEEDS_FAST_MAX = 4  # ...the first this many in make test, the rest slow

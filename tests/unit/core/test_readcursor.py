@@ -508,6 +508,21 @@ def test_a_tail_leaves_a_hung_replica_for_the_others_and_comes_back_later() -> N
     assert all(x[1] == y[0] for x, y in zip(offsets, offsets[1:], strict=False))
 
 
+def test_a_tail_beside_replicas_left_as_hung_asks_them_again_after_empty_polls() -> None:
+    """Sim seed 3837: a and c timed out once (a restart, a short hang) and are asked last;
+    b answers every long poll empty: the writer dropped it (its range runs degraded), so
+    it hears of no record. After ``hung_retry_polls`` empty polls from b, a and c are asked
+    again in turn and the tail reads what they hold (before: b alone for the others'
+    1,000 reads)."""
+    rng = RangeMeta(0, 0, None, ABC)
+    world = World([meta(rng)], held={("a", 0): 5, ("b", 0): 0, ("c", 0): 5},
+                  errors={"a": [Timeout("t")], "c": [Timeout("t")]})
+    trace, error = drive(ReadCursor("s", end=5, follow=True, preferred="a"), world)
+    assert error is None and delivered(trace) == [(0, 5)]
+    assert reads(trace)[:3] == ["a", "b", "b"] and reads(trace)[3:5] == ["c", "b"]
+    assert len(reads(trace)) <= 10
+
+
 def test_a_tail_and_a_plain_read_leave_an_unreachable_replica() -> None:
     rng = RangeMeta(0, 0, None, ABC)
     down = Unavailable("connection refused")
