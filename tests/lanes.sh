@@ -35,15 +35,24 @@ late=(
 ignore_late=()
 for module in "${late[@]}"; do ignore_late+=("--ignore=$module"); done
 
-(
+second_lane() {
+    # Each pytest runs as a child this shell waits for, so a SIGTERM (the trap below) stops
+    # the one running, not only this shell.
+    local child pure_status late_status
+    trap 'kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit 143' TERM
     ESTREAM_PORT_SLICE=1/2 "$python" -m pytest tests/unit tests/fuzz tests/sim \
-        -p no:cacheprovider --durations=15
+        -p no:cacheprovider --durations=15 &
+    child=$!
+    wait "$child"
     pure_status=$?
-    ESTREAM_PORT_SLICE=1/2 "$python" -m pytest "${late[@]}" -p no:cacheprovider "$@"
+    ESTREAM_PORT_SLICE=1/2 "$python" -m pytest "${late[@]}" -p no:cacheprovider "$@" &
+    child=$!
+    wait "$child"
     late_status=$?
     echo "second lane: tests/unit + tests/fuzz + tests/sim exit ${pure_status}; ${#late[@]} late modules exit ${late_status}"
     [ "$pure_status" -eq 0 ] && [ "$late_status" -eq 0 ]
-) >"$second_log" 2>&1 &
+}
+second_lane "$@" >"$second_log" 2>&1 &
 second=$!
 # An interrupted run (Ctrl-C, a CI time-out's SIGTERM) stops the second lane too.
 trap 'kill -TERM "$second" 2>/dev/null; wait "$second" 2>/dev/null; rm -f "$second_log"' EXIT
