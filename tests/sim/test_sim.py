@@ -62,7 +62,8 @@ after its READ bound (``tests/sim/hungread.py``).
 
 Slow: ``test_slow_seed`` adds a slow server to a seed's faults (every message to and from
 it late by one of ``SLOW_MS`` for a while: a replica that answers, below, across or far past
-the writers' chase bounds); the first ``SLOW_SEEDS_FAST_MAX`` in make test.
+the writers' chase bounds), plain and striped; the first ``SLOW_SEEDS_FAST_MAX`` of each in
+make test.
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
 ``ESTREAM_SIM_SEEDS=2000 pytest tests/sim`` (or ``=2000:3000``); seeds 20..249 are ``slow``
@@ -1297,17 +1298,20 @@ def slow_seeds() -> list[Any]:
             for s in range(SLOW_SEEDS_DEFAULT)]
 
 
+@pytest.mark.parametrize("striped", [False, True], ids=["plain", "striped"])
 @pytest.mark.parametrize("seed", slow_seeds())
-def test_slow_seed(seed: int, tmp_path: Path) -> None:
+def test_slow_seed(seed: int, striped: bool, tmp_path: Path) -> None:
     """A seed's world whose faults also make a server slow (every message to and from it
-    late, below, across or far past the writers' chase bounds) for a while."""
-    sim = Sim(seed, tmp_path, slow=True)
+    late, below, across or far past the writers' chase bounds) for a while; striped: on 6
+    servers with the striped stream beside (as test_striped_seed)."""
+    sim = Sim(seed, tmp_path, servers=6 if striped else 5, striped=striped, slow=True)
+    kind = "striped" if striped else "plain"
     try:
         sim.run()
     except AssertionError as exc:
         raise AssertionError(
-            f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim -k slow_seed\n"
-            f"{sim.trace()}") from exc
+            f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim -k 'slow_seed and "
+            f"{kind}'\n{sim.trace()}") from exc
     finally:
         sim.end()
 
