@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from estream.core.readcursor import (
+from estream.core.objectspans import (
     check_footer,
     object_part_bytes_max,
     object_read_bytes_max,
@@ -138,7 +138,7 @@ class ObjectReads:
     ``index_entries_max`` entries in all, least recently used dropped first; then a
     ranged GET of just the batches a read needs (a window of at most
     ``window_bytes_max``; in spans of ``part_bytes_max`` fetched at once when smaller:
-    :func:`~estream.core.readcursor.object_spans`).
+    :func:`~estream.core.objectspans.object_spans`).
 
     Read-ahead: a read that wants more of the object than one window gets (a catch-up
     read) starts the GETs of the next ``read_ahead_windows`` windows (those not under way

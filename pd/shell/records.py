@@ -17,8 +17,8 @@ read too).
 A range in the object tier is read from its object when the cursor asks
 (:class:`~estream.core.readcursor.ReadObject`): the range's index
 (:func:`estream.net.objectindex.read_range_index`, checked against the catalog by
-:func:`~estream.core.readcursor.check_footer`), then the byte spans of the batches wanted
-(:func:`~estream.core.readcursor.object_spans`) from the node's object store.
+:func:`~estream.core.objectspans.check_footer`), then the byte spans of the batches wanted
+(:func:`~estream.core.objectspans.object_spans`) from the node's object store.
 
 Not served here: ``hmac-sha256`` streams (PD nodes do not hold the cluster secret their
 keys derive from: read them with ``estream read`` and the secret), refused with a typed
@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from estream.core.incarnation import check_incarnation
+from estream.core.objectspans import check_footer, object_spans
 from estream.core.readcursor import (
     Answer,
     CursorConfig,
@@ -43,8 +44,6 @@ from estream.core.readcursor import (
     ReadObject,
     ReadReplica,
     Sleep,
-    check_footer,
-    object_spans,
 )
 from estream.core.stripedread import striped_fields
 from estream.core.timerange import candidate_ranges

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from estream.core.objectspans import check_footer, object_spans
 from estream.core.readcursor import (
     Answer,
     CursorConfig,
@@ -24,10 +25,8 @@ from estream.core.readcursor import (
     ReadReplica,
     Sleep,
     Step,
-    check_footer,
     clip_end,
     hung_last,
-    object_spans,
     replica_order,
 )
 from estream.wire.errors import (
