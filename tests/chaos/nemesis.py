@@ -10,13 +10,13 @@ stream 0's open range", "range server 3"), resolved when injected.
 Faults (:class:`Fault`): ``kill -9`` of a range server, ``SIGSTOP`` of one, a proxy
 partition (its connections hang both ways, sockets open), a slow server (``slow``: its proxy
 delays every frame both ways by 50 ms to 2 s, order kept: a replica that answers, late), a
-wiped data dir (a new identity
-at the same address), a byte flipped inside an acknowledged batch of a replica, a PD
-leader ``kill -9``, a whole-cluster ``kill -9`` and restart (under load, or ``idle``: after
-the writers stopped, the case where only durable confirms can show the last records), a
-stream deleted and created again under its writer (``recreate``: a new incarnation of the
-name, whose history is checked on its own), and a range server's disk filled to the last
-byte, then freed (``full-disk``: writers roll away, the server recovers without a restart).
+wiped data dir (a new identity at the same address), a byte flipped inside an acknowledged
+batch of a replica, a PD leader ``kill -9``, a whole-cluster ``kill -9`` and restart (under
+load, or ``idle``: after the writers stopped, the case where only durable confirms can show
+the last records), a stream deleted and created again under its writer (``recreate``: a
+new incarnation of the name, whose history is checked on its own), and a range server's
+disk filled to the last byte, then freed (``full-disk``: writers roll away, the server
+recovers without a restart).
 Beside the cycles, for the whole run: short writer sessions (open, 0-3 appends, close) on
 their own stream, and a hostile client (:mod:`tests.chaos.hostile`).
 
