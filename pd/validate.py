@@ -95,6 +95,10 @@ def check_request(header: Mapping[str, Any]) -> None:
     Traceback (most recent call last):
     ...
     estream.wire.errors.InvalidArgument: offset: 18446744073709551616 is outside 0..2**63-1
+    >>> check_request({"type": chr(0xD800)})
+    Traceback (most recent call last):
+    ...
+    estream.wire.errors.InvalidArgument: type: not Unicode text (a lone surrogate)
     """
     for name, value in header.items():
         if not isinstance(value, Mapping):
@@ -129,7 +133,7 @@ def _check_fields(record: Any) -> None:
     for name in names:
         value = getattr(record, name)
         if type(value) is str:  # (the most common, as _check decides)
-            if len(value) > _CHARS.get(name, text_chars_max):
+            if len(value) > _CHARS.get(name, text_chars_max) or not value.isascii():
                 _check(name, value)
         else:
             _check(name, value)
@@ -154,6 +158,12 @@ def _check(name: str, value: Any) -> None:
         if len(value) > limit:
             raise InvalidArgument(f"{name}: {len(value)} characters, at most {limit}",
                                   argument=name)
+        if not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:  # (JSON's "\ud800" decodes to one)
+                raise InvalidArgument(f"{name}: not Unicode text (a lone surrogate)",
+                                      argument=name) from None
     elif isinstance(value, bytes):
         if len(value) > command_bytes_max:
             raise InvalidArgument(f"{name}: {len(value)} bytes, at most {command_bytes_max}",

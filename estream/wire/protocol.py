@@ -185,9 +185,12 @@ def _unencodable(header: dict[str, Any], exc: Exception) -> InvalidArgument:
     for key, value in header.items():
         try:
             packb(value)
-        except (OverflowError, TypeError, ValueError):
-            return InvalidArgument(f"field {str(key)[:64]!r} cannot be sent: {exc} (integers "
-                                   f"are at most 64 bits)", argument=str(key)[:64])
+        except (OverflowError, TypeError, ValueError) as refused:
+            why = (" (integers are at most 64 bits)" if isinstance(refused, OverflowError)
+                   else " (text must be Unicode without lone surrogates)"
+                   if isinstance(refused, UnicodeError) else "")
+            return InvalidArgument(f"field {str(key)[:64]!r} cannot be sent: {refused}{why}",
+                                   argument=str(key)[:64])
     return InvalidArgument(f"the request cannot be encoded: {exc}", argument="header")
 
 

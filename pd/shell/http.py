@@ -79,6 +79,7 @@ from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, hist
 from pd.openapi import OPENAPI
 from pd.paging import ranges_window, stream_answer
 from pd.retention import cursor_rows
+from pd.routeinputs import refused_input
 from pd.shell.console import RangesReport, add_operator_routes, with_drain_outlooks
 from pd.shell.groups import add_group_routes
 from pd.shell.raft import RaftStatus
@@ -222,7 +223,18 @@ def build_app(
         finally:
             service.metrics.observe("http", op, time.perf_counter() - started, ok)
 
-    app = web.Application(middlewares=[same_site, errors, authenticate],
+    @web.middleware
+    async def inputs(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        if route is not None:
+            given = [name for name, _ in request.query.items()]  # (a name given twice: twice)
+            refusal = refused_input(request.method, route.canonical, given,
+                                    request.body_exists)
+            if refusal is not None:
+                raise refusal
+        return await handler(request)
+
+    app = web.Application(middlewares=[same_site, errors, authenticate, inputs],
                           client_max_size=1024 * 1024)
     views = _Views(service)
     app.router.add_get("/v1/cluster", views.cluster)

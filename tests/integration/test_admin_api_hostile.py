@@ -109,9 +109,46 @@ def test_unknown_fields_and_huge_numbers_are_refused_naming_the_field(cluster: C
     assert status == 400 and "retention_ms" in answer["error"]["message"], answer
 
 
+def test_a_misspelt_guard_or_a_body_on_a_delete_is_refused_not_ignored(cluster: Cluster) -> None:
+    """A query parameter or body a route does not take is a 400 naming it: a delete
+    guarded by the RPC's spelling of the id (``stream_id``), or by a body, used to delete
+    whichever stream had the name."""
+    base = cluster.pd_url()
+    status, created = http_json(base + "/v1/streams", "POST", {"name": "guarded"})
+    assert status == 201, created
+    stale = created["id"] + 1_000_000
+    for suffix, body in ((f"?stream_id={stale}", None), (f"?ID={stale}", None),
+                         ("", {"stream_id": stale}), ("", None), (f"?id={stale}&id={stale}", None)):
+        raw = b"not json" if body is None and not suffix else None
+        status, answer = http_json(base + "/v1/streams/guarded" + suffix, "DELETE", body, raw=raw)
+        assert status == 400 and answer["error"]["code"] == "INVALID_ARGUMENT", (suffix, answer)
+    status, answer = http_json(base + "/v1/streams?limit=5&aftr=x")
+    assert status == 400 and "aftr" in answer["error"]["message"], answer
+    status, answer = http_json(base + "/v1/streams/guarded")
+    assert status == 200 and answer["id"] == created["id"], answer  # still there
+    status, answer = http_json(base + f"/v1/streams/guarded?id={stale}", "DELETE")
+    assert status == 404, answer  # the guard under its own name works as before
+    status, answer = http_json(base + f"/v1/streams/guarded?id={created['id']}", "DELETE")
+    assert status == 200 and answer["id"] == created["id"], answer
+
+
+def test_text_that_is_not_unicode_is_refused_naming_the_field(cluster: Cluster) -> None:
+    """JSON's ``"\\ud800"`` decodes to a lone surrogate, which no UTF-8 encoder takes: a
+    400 naming the field, not a 500 from deep in the command's encoding."""
+    base = cluster.pd_url()
+    for field in ("type", "name"):
+        raw = b'{"name": "surrogate", "' + field.encode() + b'": "\\ud800"}'
+        status, answer = http_json(base + "/v1/streams", "POST", raw=raw)
+        assert status == 400 and answer["error"]["code"] == "INVALID_ARGUMENT", answer
+        assert answer["error"]["message"].startswith(field), answer
+    assert http_json(base + "/v1/streams/surrogate")[0] == 404
+
+
 async def test_sdk_refuses_numbers_past_64_bits_as_invalid_argument(cluster: Cluster) -> None:
     async with await estream.connect(cluster.pd_addresses) as client:
         with pytest.raises(estream.InvalidArgument, match="retention_ms"):
             await client.create_stream("sdk-huge", retention_ms=10**29)
         with pytest.raises(estream.StreamNotFound):
             await client.describe_stream("sdk-huge")
+        with pytest.raises(estream.InvalidArgument, match="lone surrogate"):
+            await client.create_stream("sdk-surrogate", type=chr(0xD800))
