@@ -28,6 +28,7 @@ from typing import IO, Any, Final
 
 from estream.cli.output import emit_json
 from estream.server.config import non_negative_int
+from estream.wire.errors import EstreamError
 
 APPEND_WINDOW = 256  # appends in flight at once
 stdin_queue_lines_max: Final = 4 * APPEND_WINDOW  # lines read ahead of the writer
@@ -97,11 +98,16 @@ class StdinLines:
 
 
 async def append(client: Any, ns: argparse.Namespace) -> int:
+    """One record per line of stdin. A line the writer refuses (a value past the record
+    limit) ends the command there: the lines before it are appended (the summary says
+    which), none after it, and the error names its line."""
     headers = parse_headers(ns.headers or [])
     offsets: list[int] = []
+    refused: tuple[int, EstreamError] | None = None  # (line number, why)
     lines = StdinLines(sys.stdin.buffer, asyncio.get_running_loop())
     async with await client.open_writer(ns.name) as writer:
         pending: list[asyncio.Future[int]] = []
+        number = 0
         while True:
             if pending and lines.empty():
                 # Nothing more ready on stdin: wait for what was sent, make it visible.
@@ -111,11 +117,26 @@ async def append(client: Any, ns: argparse.Namespace) -> int:
             value = await lines.get()
             if value is None:
                 break
-            pending.append(asyncio.ensure_future(writer.append(value, headers=headers or None)))
+            number += 1
+            appended = writer.append(value, headers=headers or None)  # (submitted at the call)
+            error = appended.exception() if appended.done() else None
+            if isinstance(error, EstreamError):  # refused at the call: nothing after it
+                refused = number, error
+                break
+            pending.append(appended)
             if len(pending) >= APPEND_WINDOW:
                 offsets += await asyncio.gather(*pending)
                 pending = []
         offsets += await asyncio.gather(*pending)
+    _print_appended(ns, offsets)
+    if refused is not None:
+        number, error = refused
+        raise type(error)(f"line {number}: {error.message} (stopped there; lines appended "
+                          f"before it: {len(offsets)}, none after it)", **error.fields)
+    return 0
+
+
+def _print_appended(ns: argparse.Namespace, offsets: list[int]) -> None:
     summary = {
         "stream": ns.name,
         "count": len(offsets),
@@ -128,7 +149,6 @@ async def append(client: Any, ns: argparse.Namespace) -> int:
         print(f"appended {len(offsets)} records to {ns.name} (offsets {offsets[0]}..{offsets[-1]})")
     else:
         print(f"appended 0 records to {ns.name}")
-    return 0
 
 
 def record_json(record: Any) -> str:

@@ -147,6 +147,7 @@ _as_json = False  # --json given: errors go out as JSON objects
 
 def _write_error(code: str, message: str) -> None:
     if _as_json:
+        message = message.removeprefix(f"{code}: ")  # (the code is a field of its own)
         sys.stderr.write(json.dumps({"error": {"code": code, "message": message}}) + "\n")
     else:
         sys.stderr.write(f"estream: error: {message}\n")

@@ -15,7 +15,7 @@ the web console in headless Chromium, and the CLI's operator commands and fixes.
    repair summary;
    a real ``--screenshot`` decodes to a drawn page (text, state colours, not blank).
 4. CLI: ``server list|describe|drain|forget`` with ``--json``; ``append`` sends a line
-   while standard input stays open; ``read`` starts at the first kept offset of a trimmed
+   while standard input stays open and stops at a line it cannot store; ``read`` starts at the first kept offset of a trimmed
    stream, explains an offset below it, takes ``--from -N``; ``--json`` errors are JSON;
    an HTTP port given as ``--pd`` is named as such.
 """
@@ -463,6 +463,21 @@ def test_cli_errors_use_the_admin_api_codes_and_exit_codes(cluster: Cluster) -> 
                  ("stream", "create", "codes2", "--replicas", "0")):
         refused = cli(cluster, *args)
         assert refused.returncode == 2, (args, refused.stderr)
+
+
+def test_append_stops_at_a_line_it_cannot_store_and_says_what_it_stored(
+        cluster: Cluster) -> None:
+    """A line past the record limit used to fail the command while the lines after it were
+    stored anyway (appended at the call, made durable by the writer's close), with no word
+    of what was: a rerun of the input then duplicated them."""
+    assert cli(cluster, "stream", "create", "too-long").returncode == 0
+    stdin = "line1\n" + "x" * 5_000_000 + "\nline3\nline4\n"
+    result = cli(cluster, "append", "too-long", "--json", stdin=stdin)
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout) == {"stream": "too-long", "count": 1, "first": 0, "last": 0}
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and error["message"].startswith("line 2: "), error
+    assert cli(cluster, "read", "too-long").stdout == "line1\n"
 
 
 def test_read_max_zero_and_binary_values_as_json(cluster: Cluster) -> None:
