@@ -15,9 +15,9 @@ the web console in headless Chromium, and the CLI's operator commands and fixes.
    repair summary;
    a real ``--screenshot`` decodes to a drawn page (text, state colours, not blank).
 4. CLI: ``server list|describe|drain|forget`` with ``--json``; ``append`` sends a line
-   while standard input stays open and stops at a line it cannot store; ``read`` starts at the first kept offset of a trimmed
-   stream, explains an offset below it, takes ``--from -N``; ``--json`` errors are JSON;
-   an HTTP port given as ``--pd`` is named as such.
+   while standard input stays open and stops at a line it cannot store; ``read`` starts at
+   the first kept offset of a trimmed stream, explains an offset below it, takes ``--from
+   -N``; ``--json`` errors are JSON; an HTTP port given as ``--pd`` is named as such.
 """
 
 from __future__ import annotations
