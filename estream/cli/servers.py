@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from estream.cli.admin import admin_get
 from estream.cli.output import emit_json, human_bytes, key_values, print_tables, table
+from estream.server.config import seconds
 from estream.wire.errors import InvalidArgument, ServerNotFound
 
 wait_poll_s: Final = 1.0
@@ -160,7 +161,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                         help="move every replica off a range server")
     p.add_argument("id", help=_SERVER)
     p.add_argument("--cancel", action="store_true", help="stop draining: active again")
-    p.add_argument("--wait", type=float, default=0.0, metavar="S",
+    p.add_argument("--wait", type=seconds, default=0.0, metavar="S",
                    help="wait up to S seconds until it is drained (exit 1 if not)")
     p.set_defaults(handler=drain)
     p = ssub.add_parser("forget", parents=[common],

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
 from estream.cli import bench, cluster, groups, ranges, records, servers, streams
-from estream.server.config import host_port_list, one_line_errors
+from estream.server.config import host_port_list, one_line_errors, positive_seconds
 
 DEFAULT_PD = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
 Handler = Callable[[Any, argparse.Namespace], Awaitable[int]]
@@ -49,7 +49,7 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=5.0 if defaults else argparse.SUPPRESS,
         metavar="S",
         help="seconds to wait for PD when connecting (default 5)",

@@ -45,7 +45,7 @@ from estream.devcluster.cmdline import (
 from estream.devcluster.pd import alive_rangeservers, http_json, servers_not_beating
 from estream.devcluster.process import ManagedProcess, stop_processes
 from estream.devcluster.upbanner import banner
-from estream.server.config import one_line_errors, port_number, positive_int
+from estream.server.config import one_line_errors, port_number, positive_int, positive_seconds
 from estream.server.durable import fsync_dir
 
 RAFT_OFFSET = 10
@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base-port", type=port_number, default=7100,
                         help="first port of the layout above (default 7100)")
     parser.add_argument(
-        "--ready-timeout", type=float, default=READY_TIMEOUT_S,
+        "--ready-timeout", type=positive_seconds, default=READY_TIMEOUT_S,
         help=f"seconds to wait for the cluster to be ready before warning "
              f"(default {READY_TIMEOUT_S:g})"
     )

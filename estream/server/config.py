@@ -24,6 +24,7 @@ and exits on ``--help``, ``--check-config`` and errors (as argparse does).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tomllib
@@ -92,6 +93,33 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (not ``nan``, ``inf`` or negative).
+
+    >>> seconds("2.5")
+    2.5
+    >>> seconds("-1")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be a number of seconds >= 0, got '-1'
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """:func:`seconds`, and more than 0."""
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
     return value
 
 
