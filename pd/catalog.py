@@ -282,6 +282,9 @@ class Catalog(ObjectTierCommands):
                 return existing  # our own earlier create landed: a retry, not a duplicate
             raise StreamExists(f"stream {cmd.name!r} already exists", stream=cmd.name)
         check_stream_args(cmd)
+        if not cmd.placement:  # decided as a retry of a create while the name existed
+            raise Conflict(f"stream {cmd.name!r} was deleted while this create was decided "
+                           "(as a retry of one that landed): decide it again")
         ensemble = cmd.ensemble or cmd.replicas
         refs = self._replica_refs(cmd.placement, ensemble)
         stream = StreamMeta(

@@ -123,11 +123,15 @@ class PdHandlers:
             request = CreateStreamRequest.from_header(h)
             service.check_create(request)
             proposed = service.raft.caught_up()
+            if proposed:
+                command = service.create_command(service.view(), request)
+                # A name that exists (a retry of ours?) is decided by the catalog, and
+                # decided again if it was deleted meanwhile: service.create_stream.
+                proposed = bool(command.placement)
             if not proposed:  # the usual way: wait (in a task) to catch up
                 pending: asyncio.Future[Any] = asyncio.ensure_future(self.create(h))
             else:
-                pending = service.raft.start_proposal(
-                    service.create_command(service.view(), request))
+                pending = service.raft.start_proposal(command)
         except BaseException:
             service.metrics.observe("rpc", "pd_create_stream", time.perf_counter() - started,
                                     False)

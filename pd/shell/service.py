@@ -35,6 +35,7 @@ from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rpc import ConnectionPool, Handler, QuickHandler
 from estream.wire import limits
 from estream.wire.errors import (
+    Conflict,
     EstreamError,
     InvalidArgument,
     OffsetOutOfRange,
@@ -84,6 +85,9 @@ from pd.streammemo import StreamsById, catalog_map
 
 log = logging.getLogger(__name__)
 
+# A create decided as a retry of one that landed, its name deleted before it applied, is
+# decided again (placed) at most this many times in all (the name may come and go again).
+create_decisions_max = 3
 list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
 list_figures_timeout_s = 0.5  # ... and how long each range server may take
 
@@ -194,9 +198,21 @@ class PdService(ServerOps):
 
     # -- writes ------------------------------------------------------------------------
     async def create_stream(self, request: CreateStreamRequest) -> StreamMeta:
+        """Decide and propose a create. A create whose name existed (with a request id:
+        maybe our own that landed) is proposed with no placement; if the name was deleted
+        before it applied, the catalog answers ``Conflict`` and the create is decided
+        again on a fresh view (placed, this time), up to ``create_decisions_max`` times."""
         self.check_create(request)
-        view = await self.decision_view()
-        return _stream(await self.raft.propose(self.create_command(view, request)))
+        decisions = 0
+        while True:
+            view = await self.decision_view()
+            command = self.create_command(view, request)
+            decisions += 1
+            try:
+                return _stream(await self.raft.propose(command))
+            except Conflict:
+                if command.placement or decisions >= create_decisions_max:
+                    raise
 
     @staticmethod
     def check_create(request: CreateStreamRequest) -> None:

@@ -279,6 +279,27 @@ def test_a_delete_retried_after_an_unknown_outcome_never_deletes_the_names_next_
     assert outcomes == {True, False}, "the seeds never both applied and lost a delete"
 
 
+def test_a_create_of_a_name_deleted_while_it_was_decided_places_the_new_stream(
+        tmp_path: Path) -> None:
+    """A create whose name existed (a request id: maybe its own earlier try) goes to the
+    catalog with no placement, which answers the stream if that try landed. The name was
+    deleted before it applied: that create used to fail with ``InvalidArgument``
+    ("placement names 0 servers", blaming ``replicas``); it is decided again and placed."""
+    async def body(c: Cluster) -> tuple[StreamMeta, StreamMeta, StreamMeta]:
+        old = await c.client.create_stream("orders", 3, 2)
+        request = CreateStreamRequest(name="orders", replicas=3, ack_count=2,
+                                      request_id="another-client")
+        second = asyncio.ensure_future(c.client.create(request))
+        await until(lambda: c.raft.in_flight() > 0, step_s=0.0001)  # decided, not applied
+        c.raft.catalog.apply(DeleteStream("orders"))  # committed before it
+        created = await second
+        return old, created, await c.client.describe_stream("orders")
+
+    old, created, described = on_cluster(tmp_path, 0, body, servers=False)
+    assert created == described and created.id != old.id
+    assert len(created.ranges[0].replicas) == 3
+
+
 async def _seals_through_unknown_outcomes(c: Cluster) -> tuple[StreamMeta, int, float]:
     """A writer rolls six ranges while a third of the proposals time out (applied or
     not), retrying each seal with the same arguments."""
