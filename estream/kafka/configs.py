@@ -34,9 +34,10 @@ OP_DELETE: Final = 1
 RETENTION_MS: Final = "retention.ms"
 RETENTION_BYTES: Final = "retention.bytes"
 ALTERABLE: Final = {RETENTION_MS: "retention_ms", RETENTION_BYTES: "retention_bytes"}
+MIN_INSYNC_REPLICAS: Final = "min.insync.replicas"  # the streams' ack_count, read-only
 # Read-only facts of every partition (how estream stores it), as Kafka names them.
 FIXED: Final = (("cleanup.policy", "delete"), ("compression.type", "producer"),
-                ("message.timestamp.type", "CreateTime"), ("min.insync.replicas", "2"))
+                ("message.timestamp.type", "CreateTime"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +49,16 @@ class TopicConfig:
 
 
 def topic_configs(retention_ms: int | None, retention_bytes: int | None,
-                  names: Iterable[str] | None = None) -> list[TopicConfig]:
-    """The configs of a topic whose partitions have these limits (``names``: only those
-    asked, None: all)."""
+                  names: Iterable[str] | None = None, ack_count: int = 2) -> list[TopicConfig]:
+    """The configs of a topic whose partitions have these limits and ``ack_count``
+    (``min.insync.replicas``; ``names``: only those asked, None: all)."""
     configs = [
         TopicConfig(RETENTION_MS, "-1" if retention_ms is None else str(retention_ms), False,
                     SOURCE_DEFAULT if retention_ms is None else SOURCE_DYNAMIC_TOPIC),
         TopicConfig(RETENTION_BYTES, "-1" if retention_bytes is None else str(retention_bytes),
                     False, SOURCE_DEFAULT if retention_bytes is None else SOURCE_DYNAMIC_TOPIC),
         *(TopicConfig(name, value, True, SOURCE_DEFAULT) for name, value in FIXED),
+        TopicConfig(MIN_INSYNC_REPLICAS, str(ack_count), True, SOURCE_DEFAULT),
     ]
     if names is None:
         return configs
@@ -86,7 +88,36 @@ def retention_value(name: str, value: str | None) -> int | None:
     return number
 
 
+def create_configs(pairs: Iterable[tuple[str, str | None]]) -> dict[str, int | None]:
+    """The retention of a topic CreateTopics makes with these configs: ``retention.ms``
+    and ``retention.bytes`` as :func:`retention_value` takes them; a fixed fact given
+    another value (``cleanup.policy`` ``compact``: estream never compacts) is refused
+    rather than silently not honoured; other names (storage tuning such as
+    ``segment.bytes``, which estream has no use for) are accepted and ignored.
+
+    >>> create_configs([("retention.ms", "60000"), ("segment.bytes", "1048576")])
+    {'retention_ms': 60000, 'retention_bytes': None}
+    >>> create_configs([("cleanup.policy", "compact")])
+    Traceback (most recent call last):
+    ...
+    estream.wire.errors.InvalidArgument: cleanup.policy compact: estream keeps ... delete
+    """
+    fixed = dict(FIXED)
+    changes: dict[str, int | None] = {"retention_ms": None, "retention_bytes": None}
+    for name, value in pairs:
+        if name in ALTERABLE:
+            changes[ALTERABLE[name]] = retention_value(name, value)
+        elif name in fixed and value is not None and value.strip().lower() != fixed[name].lower():
+            raise InvalidArgument(f"{name} {value[:50]}: estream keeps every partition as "
+                                  f"{name} {fixed[name]}", argument="config")
+    return changes
+
+
 def retention_changes(pairs: Iterable[tuple[str, str | None]]) -> dict[str, int | None]:
     """The ``set_retention`` keyword arguments for configs set to values (see
     :func:`retention_value`)."""
-    return {ALTERABLE[name]: retention_value(name, value) for name, value in pairs}
+    changes: dict[str, int | None] = {}
+    for name, value in pairs:
+        limit = retention_value(name, value)  # (first: it refuses a name it cannot change)
+        changes[ALTERABLE[name]] = limit
+    return changes

@@ -94,7 +94,7 @@ GROUP_APIS: Final[dict[int, tuple[str, tuple[int, int]]]] = {
 SUPPORTED: Final[dict[int, tuple[int, int]]] = {
     PRODUCE: (3, 9),
     FETCH: (4, 12),
-    LIST_OFFSETS: (1, 7),
+    LIST_OFFSETS: (1, 6),  # v7 is KIP-734 max timestamp (-3): not served
     METADATA: (0, 9),
     API_VERSIONS: (0, 3),
     CREATE_TOPICS: (2, 5),
@@ -130,6 +130,12 @@ unauthenticated_frame_bytes_max: Final = 512 * 1024  # one request before the co
 #   proved a credential, where SASL is required (Kafka's sasl.server.max.receive.size)
 frame_bytes_min: Final = 8  # api key, version, correlation id
 client_id_bytes_max: Final = 32 * 1024
+# A request whose top-level tagged fields kio refuses is decoded again without them
+# (_decode_skipping_tags): at most this large a body, the tag section found within its last
+# this many bytes; each try decodes the body, so a refused one costs at most 64 decodes of
+# 16 KiB (Metadata, where clients send them, is tens of bytes).
+retag_body_bytes_max: Final = 16 * 1024
+retag_positions_max: Final = 64
 _SIZE: Final = struct.Struct(">i")
 _HEAD: Final = struct.Struct(">hhi")
 _I16: Final = struct.Struct(">h")
@@ -278,17 +284,45 @@ def _flexible(schema: type) -> bool:
 
 def decode_request(header: RequestHeader, frame: bytes) -> Any:
     """The body of a supported request as its kio entity. Raises :class:`MalformedFrame`
-    (kio's errors on bad bytes are many: each becomes that)."""
+    (kio's errors on bad bytes are many: each becomes that). Bytes after the body are
+    ignored, as Kafka ignores them: librdkafka 2.16 leaves 3 in every all-topics Metadata
+    (see :func:`_decode_skipping_tags`), and refusing them left its consumers, with
+    ``allow.auto.create.topics`` false, with no metadata at all."""
     schema = load_request_schema(header.api_key, header.api_version)
     try:
-        body, size = entity_reader(schema)(frame, header.body_at)
+        body, _ = entity_reader(schema)(frame, header.body_at)
     except Exception as exc:  # noqa: BLE001 - kio raises many types on garbage
+        skipped = (_decode_skipping_tags(schema, frame, header.body_at)
+                   if "tagged field" in str(exc) else None)
+        if skipped is not None:
+            return skipped
         raise MalformedFrame(f"undecodable {API_NAMES[header.api_key]} v"
                              f"{header.api_version} request: {exc}") from None
-    if header.body_at + size != len(frame):
-        raise MalformedFrame(f"{len(frame) - header.body_at - size} bytes after a "
-                             f"{API_NAMES[header.api_key]} request")
     return body
+
+
+def _decode_skipping_tags(schema: Any, frame: bytes, body_at: int) -> Any | None:
+    """A request whose top-level tagged fields kio refuses (it knows no tag it was not
+    generated with; KIP-482 says a receiver skips them), decoded without them, as Kafka
+    does, which also ignores bytes after them: librdkafka 2.16 sends Metadata v9+ for all
+    topics with the array count's 4-byte placeholder left in (``00 00 00 00 01 00 00
+    00``), which Kafka reads as null topics, three false flags, one empty tag 0 and a
+    byte to spare. None when no cut of the body's last :data:`retag_positions_max` bytes
+    is a body followed by a well-formed tag section (or the body is past
+    :data:`retag_body_bytes_max`: each try decodes it again)."""
+    end = len(frame)
+    if end - body_at > retag_body_bytes_max:
+        return None
+    reader = entity_reader(schema)
+    for cut in range(end - 1, max(body_at, end - retag_positions_max) - 1, -1):
+        try:
+            skip_tagged_fields(frame, cut)  # (what follows the tags is ignored)
+            body, size = reader(frame[:cut] + b"\x00", body_at)
+        except Exception:  # noqa: BLE001 - not a cut: kio's many error types
+            continue
+        if body_at + size == cut + 1:
+            return body
+    return None
 
 
 def encode_response(api_key: int, correlation_id: int, body: Any) -> bytes:
@@ -497,6 +531,8 @@ def error_code(exc: BaseException) -> ErrorCode:
             return ErrorCode.invalid_replication_factor
         if argument in ("num_partitions", "partition"):
             return ErrorCode.invalid_partitions
+        if argument == "config":
+            return ErrorCode.invalid_config
         return ErrorCode.invalid_record
     if isinstance(exc, TimeoutError):
         return ErrorCode.request_timed_out

@@ -47,6 +47,7 @@ from pd.groups import (
     ASSIGN,
     COMPLETE,
     DEAD,
+    EMPTY,
     JOIN,
     PREPARING,
     REMOVE,
@@ -247,9 +248,10 @@ class GroupRpc:
         check_group_name(name)
         view = await self.service.read_view()
         group = view.groups.get(name)
-        out = describe_group(group, name)
+        offsets = group_offsets(view, name, None) if asked.lag or group is None else {}
+        out = describe_group(group, name, bool(offsets))
         if asked.lag:
-            out["offsets"] = await self._lags(view, group_offsets(view, name, None))
+            out["offsets"] = await self._lags(view, offsets)
         return {"group": out}
 
     async def _lags(self, view: CatalogView, offsets: dict[str, int]) -> list[dict[str, Any]]:
@@ -291,11 +293,14 @@ def group_offsets(view: CatalogView, name: str, streams: list[str] | None) -> di
     return {s: view.cursors.get(s, {}).get(name, -1) for s in streams}
 
 
-def describe_group(group: Group | None, name: str) -> dict[str, Any]:
-    """The RPC and HTTP shape of a group (Kafka's "Dead" for one PD does not hold)."""
+def describe_group(group: Group | None, name: str, has_offsets: bool = False
+                   ) -> dict[str, Any]:
+    """The RPC and HTTP shape of a group. One PD does not hold (its last member left) is
+    Kafka's "Empty" while it has committed offsets (Kafka's tools take "Dead" for a group
+    that does not exist), else "Dead"."""
     if group is None:
-        return {"group": name, "state": DEAD, "protocol_type": "", "protocol": "",
-                "generation": -1, "leader": "", "members": []}
+        return {"group": name, "state": EMPTY if has_offsets else DEAD, "protocol_type": "",
+                "protocol": "", "generation": -1, "leader": "", "members": []}
     return {"group": name, "state": group.state, "protocol_type": group.protocol_type,
             "protocol": group.protocol, "generation": group.generation,
             "leader": group.leader,

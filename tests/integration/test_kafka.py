@@ -17,6 +17,7 @@ import struct
 import subprocess
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -725,6 +726,82 @@ def test_kafka_python_admin_grows_partitions_and_changes_retention(gateway: Gate
     metas = asyncio.run(streams())
     assert [(m.type, m.replicas, m.retention_ms, m.retention_bytes) for m in metas] == [
         ("kafka", 3, 7_200_000, 1_048_576)] * 3
+
+
+def test_librdkafka_lists_every_topic_and_a_regex_subscription_consumes(
+        gateway: Gateway) -> None:
+    """librdkafka 2.16 asks every topic's Metadata with its array count's placeholder left
+    in, which reads as one unknown tagged field and a byte to spare: the gateway refused it
+    (INVALID_REQUEST), so ``list_topics()`` failed and a regex subscription consumed
+    nothing, silently. Kafka skips unknown tags (KIP-482): so does the gateway."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient
+
+    create_topic(gateway, "rx-alpha")
+    producer = Producer({"bootstrap.servers": gateway.address})
+    producer.produce("rx-alpha", b"found by a pattern", partition=0)
+    assert producer.flush(WAIT_S) == 0
+    listed = AdminClient({"bootstrap.servers": gateway.address}).list_topics(timeout=WAIT_S)
+    assert "rx-alpha" in listed.topics and listed.topics["rx-alpha"].error is None
+    consumer = Consumer({"bootstrap.servers": gateway.address, "group.id": "rx-group",
+                         "auto.offset.reset": "earliest", "fetch.wait.max.ms": 200})
+    try:
+        consumer.subscribe(["^rx-.*"])
+        values = []
+        for _ in range(120):
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                values.append(message.value())
+                break
+        assert values == [b"found by a pattern"]
+    finally:
+        consumer.close()
+
+
+def test_configs_estream_cannot_honour_are_refused_as_kafka_refuses_them(
+        gateway: Gateway) -> None:
+    """AlterConfigs of any name but the retention ones crashed its handler (KeyError):
+    the answer named no topic, so confluent's future never completed. CreateTopics took
+    ``cleanup.policy compact`` and answered success (estream never compacts), and more
+    replicas than range servers NOT_LEADER (retriable, so clients retried it)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewTopic,
+    )
+
+    client = AdminClient({"bootstrap.servers": gateway.address})
+
+    def create_error(topic: NewTopic) -> int | None:
+        try:
+            client.create_topics([topic])[topic.topic].result(WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - confluent's KafkaException
+            return int(exc.args[0].code())
+        return None
+
+    assert create_error(NewTopic("compacted", 1, 1, config={"cleanup.policy": "compact"})
+                        ) == KafkaError.INVALID_CONFIG
+    assert create_error(NewTopic("too-wide", 1, 5)) == KafkaError.INVALID_REPLICATION_FACTOR
+    assert create_error(NewTopic("tuned", 1, 1, config={"segment.bytes": "1048576"})) is None
+    resource = ConfigResource("topic", "tuned", incremental_configs=[ConfigEntry(
+        "segment.bytes", "1000", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as refused:
+        client.incremental_alter_configs([resource])[resource].result(WAIT_S)
+    assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG, refused.value
+    legacy = ConfigResource("topic", "tuned", set_config={"segment.bytes": "1000"})
+    with warnings.catch_warnings():  # AlterConfigs itself: confluent's deprecated call
+        warnings.simplefilter("ignore", DeprecationWarning)
+        future = client.alter_configs([legacy])[legacy]
+    with pytest.raises(KafkaException) as refused:
+        future.result(WAIT_S)
+    assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG, refused.value
+    described = client.describe_configs([ConfigResource("topic", "tuned")])
+    configs = next(iter(described.values())).result(WAIT_S)
+    assert configs["min.insync.replicas"].value == "1"  # replication factor 1: ack 1
+    assert configs["cleanup.policy"].value == "delete"
 
 
 @pytest.fixture(scope="module")

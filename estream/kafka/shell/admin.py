@@ -95,7 +95,7 @@ class TopicAdmin:
                              config_source=c.source, is_sensitive=False, synonyms=(),
                              config_type=0, documentation=None)
                     for c in topic_configs(meta.retention_ms, meta.retention_bytes,
-                                           resource.configuration_keys))
+                                           resource.configuration_keys, meta.ack_count))
             except (EstreamError, TimeoutError) as exc:
                 error, message = kp.error_code(exc), str(exc)[:message_chars_max]
         elif resource.resource_type != RESOURCE_BROKER:  # a broker: no configs of its own

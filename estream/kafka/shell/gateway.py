@@ -33,12 +33,13 @@ from typing import Any, Final, cast
 from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
+from estream.kafka.configs import create_configs
 from estream.kafka.inflight import InFlight
 from estream.kafka.sasl import Session
 from estream.kafka.shell import auth
 from estream.kafka.shell.admin import TopicAdmin
 from estream.kafka.shell.fetch import Fetch, fetch_wait_ms_max
-from estream.kafka.shell.groups import REQUEST_CLIENT_ID, GroupApis
+from estream.kafka.shell.groups import CONNECTION_HOST, REQUEST_CLIENT_ID, GroupApis
 from estream.kafka.shell.membership import Membership, now_ms
 from estream.kafka.shell.produce import Produce
 from estream.kafka.shell.reads import Reads
@@ -58,6 +59,7 @@ from estream.wire.errors import (
     EstreamError,
     FrameTooLarge,
     MalformedFrame,
+    NoPlacement,
     StreamNotFound,
 )
 from estream.wire.roles import ALL_ROLES
@@ -163,6 +165,8 @@ class Gateway(Reads, Fetch, Produce):
         assert task is not None
         self._connections[task] = (reader, writer)
         self.connections += 1
+        peer = writer.get_extra_info("peername")
+        CONNECTION_HOST.set(f"/{peer[0]}" if isinstance(peer, tuple) else "")  # (its tasks')
         try:
             await self._serve(reader, writer)
         except asyncio.CancelledError:
@@ -419,11 +423,7 @@ class Gateway(Reads, Fetch, Produce):
             partitions = 1 if topic.num_partitions == -1 else int(topic.num_partitions)
             check_partitions(partitions)
             replicas = replicas_for(int(topic.replication_factor))
-            retention: dict[str, int | None] = {"retention.ms": None, "retention.bytes": None}
-            for config in topic.configs:
-                if config.name in retention and config.value is not None:
-                    value = int(config.value)
-                    retention[config.name] = value if value >= 0 else None
+            retention = create_configs((c.name, c.value) for c in topic.configs)
             if await self._exists(stream_name(topic.name, 0)):
                 return ErrorCode.topic_already_exists, f"topic {topic.name!r} exists"
             if validate_only:
@@ -431,11 +431,11 @@ class Gateway(Reads, Fetch, Produce):
             for p in range(partitions):
                 await self.client.create_stream(
                     stream_name(topic.name, p), replicas, ack_count_for(replicas),
-                    type=TOPIC_TYPE, exist_ok=True, retention_ms=retention["retention.ms"],
-                    retention_bytes=retention["retention.bytes"])
+                    type=TOPIC_TYPE, exist_ok=True, retention_ms=retention["retention_ms"],
+                    retention_bytes=retention["retention_bytes"])
             return ErrorCode.none, ""
-        except ValueError:
-            return ErrorCode.invalid_config, "retention configs take integers"
+        except NoPlacement as exc:  # more replicas than live range servers (Kafka's too)
+            return ErrorCode.invalid_replication_factor, str(exc)[:200]
         except (EstreamError, TimeoutError) as exc:
             return kp.error_code(exc), str(exc)[:200]
 

@@ -34,6 +34,8 @@ from estream.wire.errors import EstreamError, InvalidArgument, StreamNotFound
 # The client id of the request being served (its header's), set by the gateway in the
 # request's own task: JoinGroup keeps it with the member (DescribeGroups shows it).
 REQUEST_CLIENT_ID: Final[ContextVar[str]] = ContextVar("kafka_client_id", default="")
+# The connection's peer as Kafka shows a member's host ("/127.0.0.1"); set per connection.
+CONNECTION_HOST: Final[ContextVar[str]] = ContextVar("kafka_client_host", default="")
 sync_wait_s: Final = 60.0  # the longest a member waits for its leader's assignment
 _ARGUMENT_ERRORS: Final = {"group": ErrorCode.invalid_group_id,
                            "session_timeout_ms": ErrorCode.invalid_session_timeout,
@@ -116,7 +118,7 @@ class GroupApis:
                 str(request.group_id), member, str(request.protocol_type),
                 [(str(p.name), bytes(p.metadata)) for p in request.protocols],
                 session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
-                client_id=client_id)
+                client_id=client_id, client_host=CONNECTION_HOST.get())
         except (EstreamError, TimeoutError) as exc:
             return answer(failure_code(exc))
         if joined.error:

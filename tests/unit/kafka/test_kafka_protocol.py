@@ -75,11 +75,32 @@ def test_a_flexible_header_skips_its_tagged_fields() -> None:
     assert kp.decode_request(header, frame).client_software_name == "t"
 
 
-@pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x05ab", b"\xff\xff\xff\xff\x00"])
-def test_a_body_that_does_not_decode_exactly_is_malformed(body: bytes) -> None:
+@pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x05ab"])
+def test_a_body_that_does_not_decode_is_malformed(body: bytes) -> None:
     frame = request(3, 1, 1, body)[4:]
     with pytest.raises(MalformedFrame):
         kp.decode_request(kp.parse_header(frame), frame)
+
+
+def test_bytes_after_a_body_are_ignored_as_kafka_ignores_them() -> None:
+    frame = request(3, 1, 1, b"\xff\xff\xff\xff\x00")[4:]  # all topics, then a spare byte
+    assert kp.decode_request(kp.parse_header(frame), frame).topics is None
+
+
+def test_librdkafkas_all_topics_metadata_decodes_as_kafka_reads_it() -> None:
+    """librdkafka 2.16 leaves its array count's 4-byte placeholder in (``00 00 00 00``),
+    then allow_auto_topic_creation true and two false flags: Kafka reads null topics,
+    three false flags, one unknown empty tag 0 and a byte to spare (KIP-482: unknown tags
+    are skipped). kio refuses unknown tags: the gateway answered INVALID_REQUEST."""
+    head = struct.pack(">hhih", 3, 9, 3, 7) + b"rdkafka" + b"\x00"  # flexible header
+    frame = head + bytes.fromhex("0000000001000000")
+    body = kp.decode_request(kp.parse_header(frame), frame)
+    assert body.topics is None and not body.allow_auto_topic_creation
+    tagged = head + bytes.fromhex("01000000" "01" "05" "03aabbcc")  # [] + tag 5 of 3 bytes
+    assert kp.decode_request(kp.parse_header(tagged), tagged).topics == ()
+    runs_past = head + bytes.fromhex("01000000" "01" "05" "09aabbcc")  # 9 bytes announced
+    with pytest.raises(MalformedFrame, match="tagged field"):
+        kp.decode_request(kp.parse_header(runs_past), runs_past)
 
 
 def test_a_client_id_past_its_frame_is_malformed() -> None:

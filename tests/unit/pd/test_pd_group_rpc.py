@@ -12,7 +12,7 @@ from estream.wire.groupmessages import AwaitJoinAnswer, JoinAnswer, JoinRequest,
 from pd.commands import GroupChange
 from pd.groups import COMPLETE, JOIN, Group, Member, apply_change, join_body
 from pd.pmap import PMap
-from pd.shell.groups import GroupRpc
+from pd.shell.groups import GroupRpc, describe_group
 
 
 class FakeRaft:
@@ -70,3 +70,10 @@ async def test_a_join_that_completes_its_round_as_another_lands_is_answered() ->
     got = AwaitJoinAnswer.from_header(await rpc._rpc_await_join(MemberRequest(
         group="g", member="first", generation=first.generation).to_header()))
     assert (got.error, got.done, got.generation) == ("", True, 1)
+
+
+def test_a_group_whose_members_left_is_empty_while_it_has_offsets() -> None:
+    """Kafka's tools take "Dead" for a group that does not exist: one whose last member
+    left but whose committed offsets remain is "Empty" (it was "Dead")."""
+    assert describe_group(None, "g", has_offsets=True)["state"] == "Empty"
+    assert describe_group(None, "g")["state"] == "Dead"
