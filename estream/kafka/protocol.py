@@ -95,7 +95,7 @@ SUPPORTED: Final[dict[int, tuple[int, int]]] = {
     PRODUCE: (3, 9),
     FETCH: (4, 12),
     LIST_OFFSETS: (1, 6),  # v7 is KIP-734 max timestamp (-3): not served
-    METADATA: (0, 9),
+    METADATA: (0, 12),
     API_VERSIONS: (0, 3),
     CREATE_TOPICS: (2, 5),
     DELETE_TOPICS: (1, 5),

@@ -380,6 +380,10 @@ class Gateway(Reads, Fetch, Produce):
             #   as Kafka's: a topic of n partitions named k times is not k * n answers)
         topics = []
         for name in names:
+            if name is None:  # v12 asks by topic id: estream's topics have none
+                topics.append(kp.build(topic_cls, name=None,
+                                       error_code=ErrorCode.unknown_topic_id, partitions=()))
+                continue
             count = counts.get(name or "", 0)
             if not count:
                 topics.append(kp.build(topic_cls, name=name or "",
