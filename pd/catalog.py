@@ -21,9 +21,8 @@ Rules it keeps:
   streams (``CatalogView.deleted``, at most ``limits.deleted_streams_max``; not in
   snapshots), which every heartbeat answer carries to the range servers; a delete's retry
   (:mod:`pd.deleterequests`) answers the stream it deleted (its id) and deletes nothing;
-- only the last range is open; range ``i+1`` is created by sealing range ``i`` and starts
-  at its end; a sealed range's end never changes (:class:`RangeSealed`);
-- the start offset only grows (trim);
+- only the last range is open; range ``i+1`` is created by sealing range ``i`` and starts at
+  its end; a sealed range's end never changes (:class:`RangeSealed`); the start only grows;
 - named cursors (``commit_cursor``) belong to an existing stream, have valid names and
   offsets at or above the stream's start (below: :class:`OffsetOutOfRange`;
   ``pd/retention.py``; a trim past a cursor moves it to the new start in the same
@@ -49,13 +48,12 @@ Rules it keeps:
   the named ranges that still name it and still list replicas back to "local", to be
   uploaded again under a new key; released ranges keep the key (nothing to upload from).
 
-Retries after an unknown outcome are absorbed: a create, open or delete with the same
-request id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an
-offset already trimmed, and a ``register_*`` with the same data return the current state.
-
-The records, the view, the limits and the checks of a command's own fields are in
-:mod:`pd.catalogmodel`; the object tier's commands in :mod:`pd.catalogobjects` (both
-re-exported here).
+Retries after an unknown outcome return the current state: a create, open or delete with
+its request id, a ``seal_range`` at the end it sealed, a ``trim`` to an offset trimmed, a
+``register_*`` with the same data (a create decided as a retry, whose name was deleted
+since, is a :class:`Conflict`: PD decides it again, placed). Records, view, limits and a
+command's own field checks: :mod:`pd.catalogmodel`; the object tier's commands:
+:mod:`pd.catalogobjects` (both re-exported here).
 
 Pure: no I/O.
 """
@@ -283,8 +281,7 @@ class Catalog(ObjectTierCommands):
             raise StreamExists(f"stream {cmd.name!r} already exists", stream=cmd.name)
         check_stream_args(cmd)
         if not cmd.placement:  # decided as a retry of a create while the name existed
-            raise Conflict(f"stream {cmd.name!r} was deleted while this create was decided "
-                           "(as a retry of one that landed): decide it again")
+            raise Conflict(f"stream {cmd.name!r} was deleted while this create was decided")
         ensemble = cmd.ensemble or cmd.replicas
         refs = self._replica_refs(cmd.placement, ensemble)
         stream = StreamMeta(

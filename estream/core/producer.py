@@ -63,7 +63,12 @@ def check_producer_id(producer_id: str) -> str:
     bytes, no control characters), else :class:`InvalidArgument`."""
     if not isinstance(producer_id, str) or not producer_id:
         raise InvalidArgument("producer_id must be a non-empty string", argument="producer_id")
-    if len(producer_id.encode()) > limits.producer_id_bytes_max:
+    try:
+        encoded = producer_id.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgument("producer_id is not Unicode text (a lone surrogate)",
+                              argument="producer_id") from None
+    if len(encoded) > limits.producer_id_bytes_max:
         raise InvalidArgument(
             f"producer_id is longer than {limits.producer_id_bytes_max} bytes",
             argument="producer_id",

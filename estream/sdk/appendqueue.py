@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import numbers
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,13 +52,65 @@ def checked_bytes(data: bytes, what: str, limit: int) -> bytes:
     return data
 
 
+_TS_MIN: Final = -(2**63)  # a record's timestamp: a signed 64-bit int of ms
+_TS_MAX: Final = 2**63 - 1
+
+
+def checked_timestamp(timestamp: object) -> int:
+    """A record's timestamp given as other than a plain ``int``: an integral number within
+    64 bits (milliseconds since the epoch), else :class:`InvalidArgument` (a float was
+    truncated, a string raised ``ValueError``)."""
+    if isinstance(timestamp, bool) or not isinstance(timestamp, numbers.Integral):
+        raise InvalidArgument(f"timestamp must be an int (ms since the epoch), got "
+                              f"{type(timestamp).__name__}", argument="timestamp")
+    value = int(timestamp)
+    if not _TS_MIN <= value <= _TS_MAX:
+        raise InvalidArgument(f"timestamp {value} is outside 64 bits", argument="timestamp")
+    return value
+
+
+def append_argument_error(value: object, headers: object, timestamp: object,
+                          key: object) -> InvalidArgument | None:
+    """What is wrong with an append's arguments, found after the append failed with an
+    error that is not estream's (a ``TypeError`` from a header that is not text, say), so
+    that it raises :class:`InvalidArgument` naming the argument, as every other bad
+    argument does; None when they are sound (the failure is then a bug, raised as is).
+    Not on the append path: only once it failed."""
+    try:
+        checked_bytes(value, "value", _value_bytes_max)  # type: ignore[arg-type]
+        if key is not None:
+            checked_bytes(key, "key", limits.record_key_bytes_max)  # type: ignore[arg-type]
+        if timestamp is not None:
+            checked_timestamp(timestamp)
+    except InvalidArgument as exc:
+        return exc
+    if headers is None:
+        return None
+    if not isinstance(headers, Mapping):
+        return InvalidArgument(f"headers must be a mapping of str to str, got "
+                               f"{type(headers).__name__}", argument="headers")
+    for name, text in headers.items():
+        if not isinstance(name, str) or not isinstance(text, str):
+            return InvalidArgument(f"headers must map str to str, got {name!r}: {text!r}"[:200],
+                                   argument="headers")
+        try:
+            name.encode()
+            text.encode()
+        except UnicodeEncodeError:
+            return InvalidArgument(f"header {name[:64]!r} is not Unicode text (a lone "
+                                   "surrogate)", argument="headers")
+    return None
+
+
 def checked_record(
     value: bytes, headers: Mapping[str, str] | None, timestamp: int | None,
     key: bytes | None = None, clock: Clock = SYSTEM_CLOCK,
 ) -> Record:
     """A :class:`Record` of checked parts (``timestamp`` None: now, ``clock``'s wall ms)."""
     value = checked_bytes(value, "value", _value_bytes_max)
-    ts = clock.wall_ms() if timestamp is None else int(timestamp)
+    ts = (clock.wall_ms() if timestamp is None
+          else timestamp if type(timestamp) is int and _TS_MIN <= timestamp <= _TS_MAX
+          else checked_timestamp(timestamp))
     return Record(value, dict(headers) if headers else {}, ts,
                   key=None if key is None else checked_bytes(
                       key, "key", limits.record_key_bytes_max))
@@ -158,7 +211,9 @@ class AppendQueue:
         wrong with it (nothing taken)."""
         if type(value) is not bytes or len(value) > _value_bytes_max:
             value = checked_bytes(value, "value", _value_bytes_max)
-        ts = self._wall_ms() if timestamp is None else int(timestamp)
+        ts = (self._wall_ms() if timestamp is None
+              else timestamp if type(timestamp) is int and _TS_MIN <= timestamp <= _TS_MAX
+              else checked_timestamp(timestamp))
         writer = self._writer
         core = writer._core
         if core is None or writer._error is not None or writer._close_done is not None:

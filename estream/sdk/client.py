@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -344,8 +345,11 @@ class Client:
         stored (found at open), and an append whose sequence is not above it is not
         stored again. Ids starting ``__kafka/`` are refused: the Kafka gateways'."""
         self._check_open()
-        if delivery_timeout_s <= 0:
-            raise InvalidArgument("delivery_timeout_s must be > 0", argument="delivery_timeout_s")
+        if (isinstance(delivery_timeout_s, bool)
+                or not isinstance(delivery_timeout_s, int | float)
+                or not math.isfinite(delivery_timeout_s) or delivery_timeout_s <= 0):
+            raise InvalidArgument(f"delivery_timeout_s must be a finite number of seconds > 0, "
+                                  f"got {delivery_timeout_s!r:.40}", argument="delivery_timeout_s")
         if producer_id is not None:
             check_writer_producer_id(producer_id)  # before any I/O
         config = WriterConfig(

@@ -56,6 +56,7 @@ from estream.sdk.chainread import read_chains
 from estream.wire.errors import (
     DigestKeyMissing,
     EstreamError,
+    InvalidArgument,
     ReplicaDamaged,
     Unavailable,
 )
@@ -244,6 +245,18 @@ async def read_stream_views(
         yield views
 
 
+def check_read_offsets(start: object, end: object) -> None:
+    """``start`` an offset (an int, 0 or more) and ``end`` one or None, else
+    :class:`InvalidArgument` naming it (a string compared with an int raised ``TypeError``;
+    -1 was "trimmed", of a stream never trimmed)."""
+    for what, offset in (("start", start), ("end", end)):
+        if offset is None and what == "end":
+            continue
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**63:
+            raise InvalidArgument(f"{what} must be an offset (an int from 0 to 2**63-1), "
+                                  f"got {offset!r:.40}", argument=what)
+
+
 async def _read_answers(
     client: Client,
     name: str,
@@ -266,6 +279,7 @@ async def _read_answers(
     else in parts side by side (their runs come from different servers), delivered in
     order, each part a read of its own, of the same stream id; the rest (everything of an
     unstriped stream) as one read."""
+    check_read_offsets(start, end)
     meta = await client.stream_meta(name, offset=start)
     if stream_id and meta.id != stream_id:  # a stale view, or the name is another's now
         meta = await client.stream_meta(name, refresh=True, offset=start)

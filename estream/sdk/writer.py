@@ -35,7 +35,13 @@ from estream.core.writeeffects import WriterConfig
 from estream.core.writer import WriterCore, WriterStatistics
 from estream.net.rangeclient import ReplicaClient
 from estream.sdk import writeropen
-from estream.sdk.appendqueue import AppendQueue, PendingAppend, Waiter, checked_records
+from estream.sdk.appendqueue import (
+    AppendQueue,
+    PendingAppend,
+    Waiter,
+    append_argument_error,
+    checked_records,
+)
 from estream.sdk.effects import EffectRunner
 from estream.sdk.rolldriver import RollDriver
 from estream.sdk.writertimings import WriterTimings
@@ -191,6 +197,8 @@ class Writer:
             self._queue.enqueue(future, value, headers, timestamp, sequence, key,
                                 stamp=stamp)
         except Exception as exc:  # noqa: BLE001 - raised where it is awaited
+            if not isinstance(exc, EstreamError):  # a header that is not text, say
+                exc = append_argument_error(value, headers, timestamp, key) or exc
             if not future.done():
                 future.set_exception(exc)
         return future

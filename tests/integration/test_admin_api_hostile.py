@@ -152,3 +152,34 @@ async def test_sdk_refuses_numbers_past_64_bits_as_invalid_argument(cluster: Clu
             await client.describe_stream("sdk-huge")
         with pytest.raises(estream.InvalidArgument, match="lone surrogate"):
             await client.create_stream("sdk-surrogate", type=chr(0xD800))
+
+
+async def test_sdk_refuses_arguments_of_the_wrong_kind_as_invalid_argument(
+        cluster: Cluster) -> None:
+    """Every error derives from ``EstreamError`` (README): a header that is not text, a
+    timestamp that is not an int, a read offset that is not one, a timeout that is not a
+    finite number raised ``TypeError``, ``ValueError`` or ``AttributeError``, a float
+    timestamp was truncated, and ``start=-1`` said the stream was trimmed. The writer
+    takes good appends after each refusal."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("sdk-kinds")
+        async with await client.open_writer("sdk-kinds") as writer:
+            bad: list[dict[str, Any]] = [
+                {"headers": {"a": 1}}, {"headers": {"a": None}}, {"headers": {1: "b"}},
+                {"headers": [("a", "b")]}, {"headers": {"a": chr(0xD800)}},
+                {"timestamp": "now"}, {"timestamp": 1.9}, {"timestamp": True},
+                {"timestamp": 2**64}]
+            for kwargs in bad:
+                with pytest.raises(estream.InvalidArgument) as refused:
+                    await writer.append(b"v", **kwargs)
+                assert refused.value.fields["argument"] in ("headers", "timestamp"), kwargs
+            assert await writer.append(b"good", {"h": "v"}, 1_700_000_000_000) == 0
+        for start, end in (("a", None), (-1, None), (0, "x"), (1.5, None)):
+            with pytest.raises(estream.InvalidArgument, match="offset"):
+                [r async for r in client.read("sdk-kinds", start, end)]  # type: ignore[arg-type]
+        assert [r.value async for r in client.read("sdk-kinds", 0, 1)] == [b"good"]
+        for timeout in (float("nan"), float("inf"), "5", 0):
+            with pytest.raises(estream.InvalidArgument, match="delivery_timeout_s"):
+                await client.open_writer("sdk-kinds", delivery_timeout_s=timeout)  # type: ignore[arg-type]
+        with pytest.raises(estream.InvalidArgument, match="producer_id"):
+            await client.open_writer("sdk-kinds", producer_id=chr(0xD800))
