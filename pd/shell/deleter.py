@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 from estream.core.quorum import seal_quorum
 from estream.core.stripedread import stripe_of
 from estream.core.striping import fenced_against_writers
-from estream.wire.errors import Conflict, FenceIncomplete, Unavailable
+from estream.wire.errors import Conflict, Fenced, FenceIncomplete, Unavailable
 from estream.wire.meta import StreamMeta
 from pd.commands import DeleteStream
 from pd.deleterequests import deleted_by
@@ -128,6 +128,11 @@ async def _fence_open_range(service: PdService, stream: StreamMeta) -> None:
     short = short_of({r for r, error in results.items() if error is None})
     if short is None:
         return
+    if any(isinstance(error, Fenced) for error in results.values()):
+        # A replica holds a newer epoch than the delete's: a writer opened since, whose
+        # replicas answered. The delete starts over (it fences that writer too), as when
+        # its compare-and-set finds the epoch moved.
+        raise Conflict(f"stream {stream.name!r}: a writer opened while it was fenced")
     silent = [ref for ref in last.replicas if results.get(ref.id) is not None]
     named = ", ".join(f"{ref.id} at {ref.address} ({type(results[ref.id]).__name__})"
                       for ref in silent)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
-from pd.commands import CreateStream, DeleteStream
+from pd.commands import CreateStream, DeleteStream, OpenWriter
 from pd.shell.service import PdService
 from tests.sim.servernode import RangeServerNode
 from tests.sim.simloop import SimClock, SimLoop, run
@@ -298,6 +299,44 @@ def test_a_create_of_a_name_deleted_while_it_was_decided_places_the_new_stream(
     old, created, described = on_cluster(tmp_path, 0, body, servers=False)
     assert created == described and created.id != old.id
     assert len(created.ranges[0].replicas) == 3
+
+
+def test_a_writer_opening_while_a_delete_fences_makes_the_delete_start_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer opens (a newer epoch, its replicas fenced at it) between the delete's own
+    epoch and its fence: every replica answers the delete's fence ``Fenced``. That was a
+    ``FenceIncomplete`` naming three servers that had answered; it is the delete's
+    compare-and-set case (the epoch moved), so the delete starts over and fences the new
+    writer too."""
+    from pd.shell import rangeops
+
+    real_fence = rangeops.fence
+    raced: list[int] = []
+
+    async def fence_after_a_writer_opened(pool: Any, stream: StreamMeta, rng: Any,
+                                          epoch: int, **kwargs: Any) -> Any:
+        if not raced:  # the first fence only: a writer opens just before it
+            newer = replace(stream, epoch=stream.epoch + 1)
+            raced.append(newer.epoch)
+            c.raft.catalog.apply(OpenWriter("orders", stream_id=stream.id))
+            fenced = await real_fence(pool, newer, rng, newer.epoch)
+            assert all(e is None for e in fenced.values()), fenced
+        return await real_fence(pool, stream, rng, epoch, **kwargs)
+
+    monkeypatch.setattr(rangeops, "fence", fence_after_a_writer_opened)
+    c: Cluster
+
+    async def body(cluster: Cluster) -> tuple[int, int, bool]:
+        nonlocal c
+        c = cluster
+        created = await c.client.create_stream("orders", 3, 2)
+        opened = await c.client.open_writer("orders")
+        await write_unconfirmed(c, opened, 3)
+        deleted = await c.service_().delete_stream("orders")
+        return created.id, deleted, "orders" in c.raft.view().streams
+
+    created, deleted, still_there = on_cluster(tmp_path, 0, body)
+    assert raced == [3] and deleted == created and not still_there  # (the delete took 2)
 
 
 async def _seals_through_unknown_outcomes(c: Cluster) -> tuple[StreamMeta, int, float]:
