@@ -186,9 +186,11 @@ def incarnation(found: StreamMeta | None, name: str, stream_id: int = 0) -> Stre
     if found is None:
         raise StreamNotFound(f"stream {name!r} not found", stream=name)
     if stream_id > 0 and found.id != stream_id:
+        why = ("deleted and created again" if stream_id < found.id
+               else "no stream of that name had that id")
         raise StreamNotFound(
             f"stream {name!r} (id {stream_id}) not found: the name is stream id {found.id} "
-            "now (deleted and created again)", stream=name)
+            f"now ({why})", stream=name)
     return found
 
 
