@@ -115,8 +115,9 @@ def window_args(args: Mapping[str, Any]) -> tuple[int | None, int | None, int]:
     offset, index = args.get("offset"), args.get("index")
     for name, value in (("offset", offset), ("index", index)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or not 0 <= value < 2**64):
-            raise InvalidArgument(f"{name} must be an integer >= 0", argument=name)
+                                  or not 0 <= value < 2**63):
+            raise InvalidArgument(f"{name} must be an integer from 0 to 2**63-1",
+                                  argument=name)
     if offset is not None and index is not None:
         raise InvalidArgument("give offset or index, not both", argument="index")
     return offset, index, page_limit(args.get("limit"),
