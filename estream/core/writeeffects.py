@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from estream.wire import limits
-from estream.wire.errors import EstreamError, Fenced, InvalidArgument, MalformedBatch
+from estream.wire.errors import (
+    EstreamError,
+    Fenced,
+    InvalidArgument,
+    MalformedBatch,
+    StreamNotFound,
+)
 from estream.wire.record import RECORD_PREFIX_BYTES, Record
 
 # The idle CONFIRM once its offset was hinted (confirmhint.py): readers have the offset, the
@@ -122,13 +128,15 @@ _BATCH_FIELDS: Final = frozenset(
 
 
 def fails_the_writer(error: EstreamError) -> bool:
-    """Whether a replica's ``error`` fails the writer rather than the replica: a fence, or
-    a batch refused for what it is (``MalformedBatch``: records that do not decode;
-    ``InvalidArgument`` naming a batch header field: a number out of bounds,
-    ``rangeserver/bounds.py``; or its system block's producer id). Such a refusal depends
-    on the bytes alone, so every replica, in this range or the next, would refuse them
-    again; rolling would only make ranges forever."""
-    return isinstance(error, (Fenced, MalformedBatch)) or (
+    """Whether a replica's ``error`` fails the writer rather than the replica: a fence,
+    the stream's deletion (``StreamNotFound``: a range server answers it only for a stream
+    id PD deleted, ``rangeserver/tombstones.py``; ids are never reused, so that stream is
+    gone: no roll, no "runs degraded" warning), or a batch refused for what it is
+    (``MalformedBatch``: records that do not decode; ``InvalidArgument`` naming a batch
+    header field: a number out of bounds, ``rangeserver/bounds.py``; or its system block's
+    producer id). Such a refusal depends on the bytes alone, so every replica, in this
+    range or the next, would refuse them again; rolling would only make ranges forever."""
+    return isinstance(error, (Fenced, MalformedBatch, StreamNotFound)) or (
         isinstance(error, InvalidArgument) and error.fields["argument"] in _BATCH_FIELDS)
 
 

@@ -18,7 +18,7 @@ from estream.core.writeeffects import (
     SendConfirm,
     WriterConfig,
 )
-from estream.wire.errors import Fenced, MalformedBatch, Unavailable
+from estream.wire.errors import Fenced, MalformedBatch, StreamNotFound, Unavailable
 from estream.wire.record import (
     Record,
     decode_batch,
@@ -280,6 +280,19 @@ def test_fenced_writer_fails_everything() -> None:
         pass
     else:
         raise AssertionError("a fenced writer accepted an append")
+
+
+def test_a_replica_saying_the_stream_was_deleted_fails_the_writer_not_the_replica() -> None:
+    """A range server answers ``StreamNotFound`` only for a stream id PD deleted (its
+    tombstone): the writer fails with it, as a fenced one does, rather than dropping the
+    replica, warning that the range "runs degraded" and trying to roll a deleted stream."""
+    w = make()
+    w.submit([rec(0)], 0)
+    effects = w.on_append_error("a", 0, StreamNotFound("stream id 7 was deleted"), 1)
+    assert [type(e) for e in effects] == [FailAppends]
+    assert isinstance(w.error, StreamNotFound) and not w.failed
+    with pytest.raises(StreamNotFound):
+        w.submit([rec(1)], 2)
 
 
 def test_backpressure_budget() -> None:
