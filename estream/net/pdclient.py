@@ -354,9 +354,9 @@ class PDClient:
         page = StreamsPage.from_header(await self.call(request.OPCODE, request.to_header()))
         return list(page.streams), page.next
 
-    async def iter_streams(self, limit: int | None = None) -> AsyncIterator[StreamMeta]:
-        """Every stream in name order, a page at a time."""
-        after = ""
+    async def iter_streams(self, limit: int | None = None, *, after: str = ""
+                           ) -> AsyncIterator[StreamMeta]:
+        """Every stream named after ``after`` in name order, a page at a time."""
         while True:
             page, nxt = await self.list_streams_page(after, limit)
             for stream in page:

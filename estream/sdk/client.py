@@ -193,10 +193,12 @@ class Client:
         it for the others."""
         return await self.pd.list_streams()
 
-    def iter_streams(self, page_size: int | None = None) -> AsyncIterator[StreamMeta]:
-        """Every stream in name order, asking PD for one page (``page_size`` streams,
-        PD's default without) at a time: ``async for meta in client.iter_streams()``."""
-        return self.pd.iter_streams(page_size)
+    def iter_streams(self, page_size: int | None = None, *, after: str = ""
+                     ) -> AsyncIterator[StreamMeta]:
+        """Every stream (named after ``after``) in name order, asking PD for one page
+        (``page_size`` streams, PD's default without) at a time: ``async for meta in
+        client.iter_streams()``; stop iterating to ask for no more pages."""
+        return self.pd.iter_streams(page_size, after=after)
 
     async def delete_stream(self, name: str, *, stream_id: int = 0) -> int:
         """Delete stream ``name``; with ``stream_id`` (a ``StreamMeta.id``), only that

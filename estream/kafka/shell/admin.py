@@ -13,6 +13,7 @@ Side effects: the SDK's calls to PD.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -26,11 +27,38 @@ from estream.kafka.configs import (
     retention_changes,
     topic_configs,
 )
-from estream.kafka.topics import check_partitions, stream_name, topics_of
+from estream.kafka.topics import check_partitions, check_topic, stream_name, topics_of
 from estream.sdk.client import Client
 from estream.wire.errors import EstreamError, InvalidArgument
 
 message_chars_max: Final = 200
+
+
+async def topic_counts(client: Client, topics: Iterable[str | None] | None = None
+                       ) -> dict[str, int]:
+    """The partition counts of ``topics`` that exist (None: of every topic). A topic's
+    partitions are the streams named ``T-p``, which sort together: each topic's are listed
+    from its prefix on until a name leaves it, so a request naming a few topics costs
+    their streams, not the catalog's (100,000 streams were listed for every Metadata
+    request before; all-topics requests still list them all)."""
+    if topics is None:
+        return topics_of([meta.name async for meta in client.iter_streams()])
+    counts: dict[str, int] = {}
+    for topic in dict.fromkeys(t for t in topics if t):
+        try:
+            check_topic(topic)
+        except InvalidArgument:
+            continue  # not a topic's name ("a/b", 32,767 characters): none exists
+        prefix = f"{topic}-"
+        names = []
+        async for meta in client.iter_streams(after=prefix):
+            if not meta.name.startswith(prefix):
+                break
+            names.append(meta.name)
+        count = topics_of(names).get(topic, 0)
+        if count:
+            counts[topic] = count
+    return counts
 
 
 class TopicAdmin:
@@ -40,8 +68,6 @@ class TopicAdmin:
         self.client = client
         self.topic_type = topic_type
 
-    async def _counts(self) -> dict[str, int]:
-        return topics_of([meta.name async for meta in self.client.iter_streams()])
 
     # -- CreatePartitions ---------------------------------------------------------------
 
@@ -74,7 +100,7 @@ class TopicAdmin:
     async def create_partitions(self, request: Any, version: int) -> Any:
         schema = kp.response_schema(kp.CREATE_PARTITIONS, version)
         result_cls = kp.nested(schema, "CreatePartitionsTopicResult")
-        counts = await self._counts()
+        counts = await topic_counts(self.client, [t.name for t in request.topics])
         results = []
         for topic in request.topics:
             error, message = await self._grow(topic, counts, bool(request.validate_only))
@@ -118,7 +144,7 @@ class TopicAdmin:
                      validate_only: bool) -> tuple[ErrorCode, str | None]:
         if resource.resource_type != RESOURCE_TOPIC:
             return ErrorCode.invalid_request, "only topic configs can be changed"
-        counts = await self._counts()
+        counts = await topic_counts(self.client, [resource.resource_name])
         count = counts.get(resource.resource_name, 0)
         if not count:
             return ErrorCode.unknown_topic_or_partition, (

@@ -37,7 +37,7 @@ from estream.kafka.configs import create_configs
 from estream.kafka.inflight import InFlight
 from estream.kafka.sasl import Session
 from estream.kafka.shell import auth
-from estream.kafka.shell.admin import TopicAdmin
+from estream.kafka.shell.admin import TopicAdmin, topic_counts
 from estream.kafka.shell.fetch import Fetch, fetch_wait_ms_max
 from estream.kafka.shell.groups import CONNECTION_HOST, REQUEST_CLIENT_ID, GroupApis
 from estream.kafka.shell.membership import Membership, now_ms
@@ -49,7 +49,6 @@ from estream.kafka.topics import (
     check_topic,
     replicas_for,
     stream_name,
-    topics_of,
 )
 from estream.net.security import token_role
 from estream.sdk.client import Client
@@ -363,17 +362,16 @@ class Gateway(Reads, Fetch, Produce):
     async def _api_versions(self, request: Any, version: int) -> Any:
         return kp.api_versions_response(version)
 
-    async def _topic_counts(self) -> dict[str, int]:
-        return topics_of([meta.name async for meta in self.client.iter_streams()])
-
     async def _metadata(self, request: Any, version: int) -> Any:
         schema = kp.response_schema(kp.METADATA, version)
         topic_cls = kp.nested(schema, "MetadataResponseTopic")
         part_cls = kp.nested(schema, "MetadataResponsePartition")
-        counts = await self._topic_counts()
-        nodes = self._brokers()
         asked = request.topics
-        if asked is None or (version == 0 and not asked):
+        all_topics = asked is None or (version == 0 and not asked)
+        counts = await topic_counts(self.client, None if all_topics else
+                                    [t.name for t in asked])
+        nodes = self._brokers()
+        if all_topics:
             names = list(counts)
         else:
             names = list(dict.fromkeys(t.name for t in asked))  # (each answered once,
@@ -466,7 +464,7 @@ class Gateway(Reads, Fetch, Produce):
     async def _delete_topics(self, request: Any, version: int) -> Any:
         schema = kp.response_schema(kp.DELETE_TOPICS, version)
         result_cls = kp.nested(schema, "DeletableTopicResult")
-        counts = await self._topic_counts()
+        counts = await topic_counts(self.client, request.topic_names)
         results = []
         for name in request.topic_names:
             error, message = ErrorCode.none, None

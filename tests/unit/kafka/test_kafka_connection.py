@@ -136,9 +136,10 @@ class Deleting:
         self.streams = {"gone-0", "gone-1", "gone-2"}
         self.refused: list[str] = []
 
-    async def iter_streams(self) -> AsyncIterator[Any]:
+    async def iter_streams(self, *, after: str = "") -> AsyncIterator[Any]:
         for name in sorted(self.streams):
-            yield SimpleNamespace(name=name)
+            if name > after:
+                yield SimpleNamespace(name=name)
 
     async def delete_stream(self, name: str) -> None:
         if name == "gone-1" and not self.refused:
