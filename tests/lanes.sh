@@ -31,6 +31,14 @@ late=(
     tests/integration/test_console.py
     tests/integration/test_cli.py
     tests/integration/test_cli_ranges.py
+    tests/integration/test_kafka_groups.py
+    tests/integration/test_object_tier.py
+    tests/integration/test_striped_reads.py
+    tests/integration/test_object_reads.py
+    tests/integration/test_resource_exhaustion.py
+    tests/integration/test_pd_commit_rule.py
+    tests/integration/test_object_damage.py
+    tests/integration/test_deploy_commands.py
 )
 ignore_late=()
 for module in "${late[@]}"; do ignore_late+=("--ignore=$module"); done
