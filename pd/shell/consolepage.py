@@ -43,6 +43,7 @@ _PAGE_HEAD: Final = """<!doctype html>
   #banner { padding: .5em .8em; border-radius: 4px; margin: .4em 0; font-weight: 600; }
   #banner.healthy { background: #e3f5ea; color: #18794e; }
   #banner.degraded { background: #fdecec; color: #c62a2a; }
+  #banner.unknown { background: #fff4e0; color: #8a5a00; }
   #links a { margin-right: 1em; }
   #charts { display: flex; flex-wrap: wrap; gap: 1em; }
   #charts figure { margin: 0; border: 1px solid #d8dce4; padding: 4px 6px; }
@@ -94,6 +95,7 @@ _PAGE_HEAD: Final = """<!doctype html>
 
 <div id="stream-detail" class="hidden">
   <h2>Stream <span id="detail-name"></span> <button id="detail-close">close</button></h2>
+  <div id="detail-recreated" class="bad"></div>
   <div id="detail-figures"></div>
   <h3>Retention, trim, delete</h3>
   <div class="form">

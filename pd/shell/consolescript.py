@@ -13,8 +13,8 @@ const $ = (id) => document.getElementById(id);
 const tokenBox = $("token");
 tokenBox.value = sessionStorage.getItem("estream-token") || "";
 tokenBox.addEventListener("change", () => sessionStorage.setItem("estream-token", tokenBox.value));
-const state = {stream: null, pages: [], after: null, next: null, rates: {}, browsed: null,
-               records: [], health: {}};
+const state = {stream: null, streamId: null, seenId: null, pages: [], after: null, next: null,
+               rates: {}, browsed: null, records: [], health: {}, answered: null};
 
 function esc(v) {
   if (v === null || v === undefined) return "-";
@@ -46,8 +46,13 @@ function authHeaders() {
   return headers;
 }
 async function getJson(path) {
-  const response = await fetch(path, {headers: authHeaders(), cache: "no-store"});
-  const body = await response.json();
+  let response, body;
+  try {
+    response = await fetch(path, {headers: authHeaders(), cache: "no-store"});
+    body = await response.json();
+  } catch (e) {
+    throw new Error(path + ": this node does not answer (" + String(e.message || e) + ")");
+  }
   if (!response.ok) throw new Error(path + ": " + ((body.error || {}).message || response.status));
   return body;
 }
@@ -86,8 +91,16 @@ $("confirm-no").addEventListener("click", () => {
 });
 
 // -- health, links, charts -----------------------------------------------------------------
-function renderBanner() {
+// The banner speaks only for this refresh: a part that failed (this node down, say) shows
+// as unknown, never as the last healthy answer.
+function renderBanner(failed) {
   const h = state.health;
+  if (failed) {
+    $("banner").className = "unknown";
+    $("banner").textContent = "UNKNOWN: " + failed +
+      (state.answered ? "; last full answer at " + state.answered : "");
+    return;
+  }
   if (!h.cluster || !h.servers || !h.repair) return;
   const nodes = h.cluster.nodes || [];
   const reachable = nodes.filter((n) => n.reachable).length;
@@ -110,15 +123,23 @@ function renderBanner() {
   $("banner").textContent = (problems.length ? "DEGRADED: " + problems.join("; ")
                                               : "HEALTHY") + " (" + summary + ")";
 }
+// A node listening on every interface (0.0.0.0, ::) is reached at the host this page came
+// from, as the CLI does (estream/cli/admin.py).
+function reachable(http) {
+  const h = http || "", colon = h.lastIndexOf(":");
+  return ["0.0.0.0", "[::]", "::"].includes(h.slice(0, colon))
+    ? location.hostname + h.slice(colon) : http;
+}
 function renderLinks(c) {
   const leader = (c.nodes || []).find((n) => c.leader && n.id === c.leader.id);
-  const me = (c.nodes || []).find((n) => n.http === location.host);
+  const me = (c.nodes || []).find((n) => reachable(n.http) === location.host);
   let leaderLink = '<span id="leader-link" class="muted">leader unknown</span>';
   if (leader && me && me.id === leader.id) {
     leaderLink = '<span id="leader-link" class="muted">this node is the leader</span>';
   } else if (leader && leader.http) {
-    leaderLink = '<a id="leader-link" href="' + esc(location.protocol + "//" + leader.http +
-      "/ui") + '">leader\\'s console (' + esc(leader.http) + ")</a>";
+    const http = reachable(leader.http);
+    leaderLink = '<a id="leader-link" href="' + esc(location.protocol + "//" + http +
+      "/ui") + '">leader\\'s console (' + esc(http) + ")</a>";
   }
   $("links").innerHTML = leaderLink + '<a id="openapi-link" href="/v1/openapi.json">OpenAPI</a>' +
     '<a id="metrics-link" href="/metrics">metrics</a>';
@@ -340,7 +361,7 @@ $("create-go").addEventListener("click", () => {
 // -- one stream ----------------------------------------------------------------------------
 const streamPath = () => "/v1/streams/" + encodeURIComponent(state.stream);
 function openStream(name) {
-  state.stream = name;
+  state.stream = name; state.streamId = null;
   state.records = []; state.browsed = null;
   $("records").innerHTML = "";
   $("detail-name").textContent = name;
@@ -363,6 +384,13 @@ function holding(s, r, p) {  // a striped range: how much of it position p holds
 async function loadDetail(fill) {
   if (!state.stream) return;
   const [s, c] = await Promise.all([getJson(streamPath()), getJson(streamPath() + "/cursors")]);
+  // The page acts on the incarnation it opened: a name deleted and created again since is
+  // another stream, which the delete below (guarded by this id) refuses to touch.
+  if (fill || state.streamId === null) state.streamId = s.id;
+  state.seenId = s.id;
+  $("detail-recreated").textContent = s.id === state.streamId ? "" : "The stream opened here " +
+    "(id " + state.streamId + ") was deleted; " + state.stream + " is now another stream (id " +
+    s.id + "). Close and open it again to act on that one.";
   $("detail-figures").innerHTML = '<div id="detail-summary">end offset ' + esc(s.end_offset) +
     ", start offset " + esc(s.start_offset) + ", records " + esc(s.records) + ", " +
     bytes(s.bytes) + ", epoch " + esc(s.epoch) + ", retention " + esc(retention(s)) +
@@ -388,6 +416,7 @@ async function loadDetail(fill) {
     : '<div class="muted" id="cursors-table">no cursors</div>';
   document.querySelectorAll("[data-cursor-reset]").forEach((b) => b.addEventListener("click",
       () => {
+    if (recreated()) return;
     const cursor = b.dataset.cursorReset;
     const input = document.querySelector('[data-cursor-input="' + CSS.escape(cursor) + '"]');
     const offset = Number(input.value);
@@ -396,11 +425,18 @@ async function loadDetail(fill) {
                   "cursor " + cursor + " reset to " + offset));
   }));
 }
+function recreated() {  // the name now holds another stream than the one opened here
+  if (state.seenId === state.streamId) return false;
+  say(state.stream + " was deleted and created again since it was opened here: open it again",
+      false);
+  return true;
+}
 function optionalNumber(id) {
   const v = $(id).value.trim();
   return v === "" ? null : Number(v);
 }
 $("retention-save").addEventListener("click", () => {
+  if (recreated()) return;
   const body = {retention_ms: optionalNumber("retention-ms"),
                 retention_bytes: optionalNumber("retention-bytes")};
   confirmThen("Set the retention of " + state.stream + " to " + duration(body.retention_ms) +
@@ -409,15 +445,17 @@ $("retention-save").addEventListener("click", () => {
     () => write("PATCH", streamPath(), body, "retention of " + state.stream + " saved"));
 });
 $("trim-go").addEventListener("click", () => {
+  if (recreated()) return;
   const offset = Number($("trim-offset").value);
   confirmThen("Trim " + state.stream + " to offset " + offset + "? Records below it are deleted.",
     () => write("POST", streamPath() + "/trim", {start_offset: offset},
                 state.stream + " trimmed to " + offset));
 });
 $("delete-stream").addEventListener("click", () => {
-  const name = state.stream;
+  const name = state.stream, id = state.streamId;
+  if (id === null) { say("the stream is still loading", false); return; }
   confirmThen("Delete stream " + name + " and every record in it?", async () => {
-    await write("DELETE", streamPath(), undefined, "deleted stream " + name);
+    await write("DELETE", streamPath() + "?id=" + id, undefined, "deleted stream " + name);
     state.stream = null; $("stream-detail").classList.add("hidden");
   });
 });
@@ -489,7 +527,10 @@ async function refresh() {
     try { await render(await getJson(path)); } catch (e) { errors.push(String(e.message || e)); }
   }).concat([loadStreams().catch((e) => errors.push(String(e.message || e))),
              loadDetail(false).catch((e) => errors.push(String(e.message || e)))]));
-  renderBanner();
+  const failed = errors.find((e) => ["/v1/cluster", "/v1/rangeservers", "/v1/ranges?"].some(
+    (path) => e.startsWith(path)));
+  if (errors.length === 0) state.answered = new Date().toLocaleTimeString();
+  renderBanner(failed);
   $("status").innerHTML = errors.length
     ? '<span class="bad">' + errors.map(esc).join("; ") + "</span>"
     : 'updated <span id="updated">' + esc(new Date().toLocaleTimeString()) + "</span>";

@@ -51,13 +51,20 @@ from estream.wire.rangeanswers import RangeKey
 from pd.compaction import Planner
 from pd.metrics import (
     DAMAGE_HELP,
+    DAMAGE_LOST,
+    DAMAGE_REPAIRED,
     OBJECT_REQUESTS,
+    OBJECTS_DELETED,
     OFFLOAD_BACKLOG,
     OFFLOAD_BACKLOG_AGE,
     OFFLOAD_BACKLOG_HELP,
     OFFLOAD_ERRORS,
     OFFLOAD_HELP,
     OFFLOAD_LAG,
+    OFFLOADED_BYTES,
+    OFFLOADED_RANGES,
+    RECLAIMED_BYTES,
+    RELEASED_RANGES,
 )
 from pd.objectdamage import DamageInbox
 from pd.offload import (
@@ -143,6 +150,12 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.pending: list[Pending] = []  # the open pack: ranges read, not yet uploaded
         self.pending_data: dict[RangeKey, list[bytes]] = {}  # their batches
         self.compact_interval_ms = compact_interval_ms
+        # Series that alerts and dashboards take increase() of exist from the start: one
+        # that first appears at 1 increases by nothing, so the first range lost after a
+        # start (or a new leader) would raise no alert.
+        for name in (DAMAGE_LOST, DAMAGE_REPAIRED, OFFLOADED_RANGES, OFFLOADED_BYTES,
+                     RELEASED_RANGES, RECLAIMED_BYTES, OBJECTS_DELETED):
+            self._count(name, 0)
         self.next_compact_ms = 0  # 0: one interval after this leader's first round
         self.object_sizes: dict[str, int] = {}  # object key -> bytes (HEAD; immutable)
         self.compaction = Planner()  # what to compact, kept up from the catalog's changes

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 import estream
@@ -271,6 +272,53 @@ async def test_console_shows_consumer_groups_members_offsets_and_lag(
                 assert await page.text("#group-lag") == "3"
         finally:
             await sub.close()
+
+
+async def test_console_acts_on_the_stream_it_opened_and_on_fresh_answers_only(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A page left open on a stream whose name was deleted and created again says so, and
+    its delete (guarded by the id it opened) leaves the new stream alone; a page whose node
+    stops answering shows its health as unknown, not the last healthy answer; no other
+    site may frame the page."""
+    browser = require_tool("chromium", "chromium-browser", "google-chrome", package="chromium")
+    old = api(cluster, "/v1/streams", "POST", {"name": "reborn"})
+    follower, _ = follower_http(cluster)
+    async with start_browser(browser, tmp_path / "profile") as page:
+        await page.goto(f"http://{follower}/ui")
+        await page.type("#stream-search", "reborn")
+        await page.click('[data-stream="reborn"]')
+        await page.wait("!!document.getElementById('detail-summary')", "the detail")
+        api(cluster, f"/v1/streams/reborn?id={old['id']}", "DELETE")
+        new = api(cluster, "/v1/streams", "POST", {"name": "reborn"})
+        assert new["id"] != old["id"]
+        await page.wait("document.getElementById('detail-recreated').innerText"
+                        f".includes('(id {new['id']})')", "the name's new stream noticed")
+        await page.type("#trim-offset", "0")
+        await page.click("#trim-go")
+        await page.wait("document.getElementById('message').innerText.includes("
+                        "'deleted and created again')", "the trim refused")
+        await page.click("#delete-stream")
+        await confirm(page, "Delete stream reborn")
+        await page.wait("document.getElementById('message').innerText.startsWith("
+                        f"'DELETE /v1/streams/reborn?id={old['id']}')", "the delete refused")
+        assert api(cluster, "/v1/streams/reborn")["id"] == new["id"]
+
+        await page.wait("document.getElementById('banner').innerText.startsWith('HEALTHY')",
+                        "a healthy banner")
+        await page.send("Network.enable")
+        await page.send("Network.emulateNetworkConditions", offline=True, latency=0,
+                        downloadThroughput=-1, uploadThroughput=-1)
+        banner = await page.wait(
+            "(t => t.startsWith('UNKNOWN') && t)(document.getElementById('banner').innerText)",
+            "the banner unknown while the node does not answer")
+        assert "does not answer" in banner and "last full answer at" in banner
+        await page.send("Network.emulateNetworkConditions", offline=False, latency=0,
+                        downloadThroughput=-1, uploadThroughput=-1)
+        await page.wait("document.getElementById('banner').innerText.startsWith('HEALTHY')",
+                        "healthy again")
+    async with aiohttp.ClientSession() as session, session.get(f"http://{follower}/ui") as got:
+        assert got.headers["X-Frame-Options"] == "DENY"
+        assert got.headers["Content-Security-Policy"] == "frame-ancestors 'none'"
 
 
 async def test_records_endpoint_bounds_and_refusals(cluster: Cluster) -> None:

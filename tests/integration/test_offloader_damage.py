@@ -104,6 +104,18 @@ async def test_damage_after_the_release_is_counted_lost_once(rig: Rig) -> None:
     assert counter(rig, "estream_object_damage_lost_ranges_total") == 1  # the same range
 
 
+async def test_counters_alerts_watch_exist_before_their_first_event(rig: Rig) -> None:
+    """``EstreamObjectRangeLost`` takes ``increase()`` of the lost-ranges counter: a series
+    first scraped at 1 increases by nothing, so it must be there at 0 from the start."""
+    registry = new_registry()
+    registry.register(FamiliesCollector(rig.service.metrics.families))
+    text = exposition(registry).decode()
+    for name in ("estream_object_damage_lost_ranges_total",
+                 "estream_object_damage_repaired_ranges_total",
+                 "estream_offload_ranges_total", "estream_objects_deleted_total"):
+        assert f"\n{name} 0.0\n" in text, name
+
+
 async def test_damage_metrics_pass_promtool(rig: Rig) -> None:
     promtool = require_tool("promtool", package="prometheus")  # CI: missing fails
     key = await offloaded(rig)
