@@ -30,7 +30,7 @@ import msgpack
 from estream.core.assign import range_assign
 from estream.net.bounded import gather_bounded
 from estream.sdk.groups import GroupClient
-from estream.wire.errors import EstreamError, StreamNotFound
+from estream.wire.errors import Conflict, EstreamError, Overloaded, StreamNotFound
 from estream.wire.meta import StreamMeta
 from estream.wire.packing import packb
 from estream.wire.record import Record
@@ -44,6 +44,15 @@ queued_records_max: Final = 1_000  # read ahead of the consumer, all streams tog
 rejoin_pause_s: Final = 0.2
 gone_poll_s: Final = 1.0  # a deleted stream's name looked up again, to rejoin once made
 describes_in_flight_max: Final = 32  # assigned streams described at once by a rebalance
+# Join outcomes that asking again would meet again: raised by the iterator (it asked again
+# every 0.2 s, forever and silently, while a Kafka group held the name or the group was full).
+_REFUSALS: Final[dict[str, type[EstreamError]]] = {
+    "inconsistent_group_protocol": Conflict, "group_max_size_reached": Overloaded}
+_REFUSAL_WHY: Final = {
+    "inconsistent_group_protocol": "the group's members speak another protocol (a group is "
+                                   "either Kafka consumers' or client.subscribe's)",
+    "group_max_size_reached": "the group has as many members as it may (1,000), or the "
+                              "cluster as many groups (10,000)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +159,9 @@ class Subscription:
             self.group, self.member, PROTOCOL_TYPE, [(PROTOCOL, metadata)],
             session_timeout_ms=self._session_ms, rebalance_timeout_ms=self._rebalance_ms,
             client_id="estream-sdk")
+        if joined.error in _REFUSALS:  # asking again would be refused again: say so
+            raise _REFUSALS[joined.error](
+                f"group {self.group!r}: {joined.error}: {_REFUSAL_WHY[joined.error]}")
         if joined.error:
             await asyncio.sleep(rejoin_pause_s)
             return

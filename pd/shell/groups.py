@@ -6,7 +6,9 @@ what needs a clock (sessions, the join round's deadline) is the leader's
 leader only (a follower answers NotLeader, which clients follow). No call waits: a member
 at the join or sync barrier asks again (``PD_GROUP_AWAIT_JOIN``, ``PD_GROUP_SYNC``)
 until its round is done, and each call first lets the group progress
-(:meth:`GroupRpc._progress`: expired sessions removed, a due round completed).
+(:meth:`GroupRpc._progress`: expired sessions removed, a due round completed); the leader's
+sweep (:meth:`GroupRpc.sweep`, every second) does the same for every group with members, so
+members whose clients died are removed though nobody calls about their group again.
 Committed offsets are the streams' named cursors (:meth:`PdService.commit_cursor`).
 
 Outcomes a member acts on (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS,
@@ -74,6 +76,12 @@ if TYPE_CHECKING:
 # A group's commits and lags, each asking about one stream (a cursor commit may ask its
 # open range's replicas): at most this many streams at once, whatever the group holds.
 streams_in_flight_max: Final = 64
+# Members removed by one REMOVE command: 128 ids of at most 256 characters stay well
+# within a command's 64 KiB, whatever ids a group's members chose.
+remove_members_max: Final = 128
+# How often the leader lets every group with members progress, so that members whose
+# clients died (nobody calls about their group again) are removed by their session.
+group_sweep_interval_ms: Final = 1_000
 
 
 class GroupRpc:
@@ -125,12 +133,32 @@ class GroupRpc:
             return None
         expired = self.clock.expired(group, now)
         if expired:
-            await self._propose(name, REMOVE, body=remove_body(expired))
+            await self._remove(name, expired)
             group = self.service.view().groups.get(name)
         if group is not None and self.clock.round_due(group, now):
             await self._propose(name, COMPLETE, group.generation)
             group = self.service.view().groups.get(name)
         return group
+
+    async def _remove(self, name: str, members: list[str] | tuple[str, ...]) -> None:
+        """Remove ``members`` from the group, in commands of a bounded size."""
+        for at in range(0, len(members), remove_members_max):
+            await self._propose(name, REMOVE,
+                                body=remove_body(members[at:at + remove_members_max]))
+
+    async def sweep(self) -> int:
+        """One round of the leader's sweep: every group with members progresses (expired
+        sessions removed, due rounds completed), whether or not its members still call.
+        Returns how many groups it visited."""
+        if not self.service.raft.caught_up():
+            return 0
+        status = self.service.raft.status()
+        now = self.service.clock_ms()
+        self.clock.lead(status.term, now)
+        names = [name for name, g in self.service.view().groups.items() if g.members]
+        for name in names:
+            await self._progress(name, now)
+        return len(names)
 
     # -- the handlers ----------------------------------------------------------------------
     async def _rpc_join(self, h: Header) -> Header:
@@ -206,7 +234,7 @@ class GroupRpc:
         group = view.groups.get(name)
         known = [m for m in members if group is not None and group.member(m) is not None]
         if known:
-            await self._propose(name, REMOVE, body=remove_body(known))
+            await self._remove(name, known)
         return ErrorsAnswer(tuple("" if m in known else UNKNOWN_MEMBER
                                   for m in members)).to_header()
 
@@ -214,11 +242,11 @@ class GroupRpc:
         asked = CommitRequest.from_header(h)
         name, member_id, pairs = asked.group, asked.member, asked.offsets
         view, now = await self._leading(name)
-        if member_id:
-            self.clock.touch(name, member_id, now)
         error = commit_error(view.groups.get(name), member_id, asked.generation)
         if error:
             return ErrorsAnswer((error,) * len(pairs)).to_header()
+        if member_id:  # a member of the group (else an error above): only those are tracked
+            self.clock.touch(name, member_id, now)
 
         async def one(entry: tuple[str, int, int]) -> str:
             stream, offset, stream_id = entry

@@ -36,6 +36,7 @@ from pd.retention import timestamp_skew_ms_max
 from pd.scrub import ScrubPace, scrub_bytes_per_s_max_default, scrub_period_s_default
 from pd.shell.consensus import Consensus
 from pd.shell.drainer import Drainer
+from pd.shell.groups import group_sweep_interval_ms
 from pd.shell.http import build_app
 from pd.shell.offloader import Offloader
 from pd.shell.raft import RaftNode
@@ -43,6 +44,7 @@ from pd.shell.reclaimer import Reclaimer
 from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
 from pd.shell.retainer import Retainer
+from pd.shell.rounds import leader_rounds
 from pd.shell.scrubber import Scrubber
 from pd.shell.service import PdService
 
@@ -114,6 +116,7 @@ class PlacementDriverNode:
         self._retain_task: asyncio.Task[None] | None = None  # pd/shell/retainer.py
         self._offload_task: asyncio.Task[None] | None = None
         self._scrub_task: asyncio.Task[None] | None = None  # pd/shell/scrubber.py
+        self._group_task: asyncio.Task[None] | None = None  # GroupRpc.sweep
         self.offloader: Offloader | None = None
         self.scrubber: Scrubber | None = None
         self.store: ObjectStore | None = None
@@ -174,6 +177,9 @@ class PlacementDriverNode:
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
         self._recover_task = asyncio.ensure_future(recoverer.run())
         self._drain_task = asyncio.ensure_future(drainer.run())
+        self._group_task = asyncio.ensure_future(leader_rounds(
+            self.service, group_sweep_interval_ms, self.service.groups.sweep,
+            name="group sessions"))
         retainer = Retainer(self.service, store=store, skew_ms_max=cfg.timestamp_skew_max_ms,
                             clock=self.clock)
         retainer.pool = self.member_pool()
@@ -221,7 +227,7 @@ class PlacementDriverNode:
                 await self._retain_task
         for task in (self._register_task, self._repair_task, self._reclaim_task,
                      self._recover_task, self._drain_task, self._offload_task,
-                     self._scrub_task):
+                     self._scrub_task, self._group_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

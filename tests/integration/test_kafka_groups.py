@@ -249,6 +249,26 @@ async def test_a_join_is_answered_when_its_round_completed_though_the_next_one_o
         await groups.leave("late-g", ["first", "second"])
 
 
+async def test_a_member_whose_client_died_is_removed_though_nobody_calls(
+        gateway: Gateway) -> None:
+    """A member nobody hears from again is removed at its session's end though no call
+    names its group (kill -9 of every consumer left the group Stable for good, and 10,000
+    such groups refuse every new one)."""
+    from estream.sdk.groups import GroupClient
+
+    async with await estream.connect(gateway.pd) as sdk:
+        groups = GroupClient(sdk.pd)
+        joined = await groups.join("orphan-g", "crashed", "consumer", [("range", b"")],
+                                   session_timeout_ms=1_000, rebalance_timeout_ms=1_000)
+        assert not joined.error
+        assert [m["member"] for m in (await groups.describe("orphan-g"))["members"]] == [
+            "crashed"]
+        deadline = time.monotonic() + WAIT_S
+        while (await groups.describe("orphan-g"))["members"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert (await groups.describe("orphan-g"))["members"] == []
+
+
 async def test_aiokafka_group_consumes_and_commits(gateway: Gateway) -> None:
     from aiokafka import AIOKafkaConsumer
 
@@ -301,6 +321,7 @@ def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serv
                                 protocols=(JoinGroupRequestProtocol(name="range",
                                                                     metadata=metadata),))
 
+    create_topic(gateway, "kp-twice", 1)
     host, port = gateway.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
         # v4+: a first join gets MEMBER_ID_REQUIRED with the id to join with.
@@ -348,6 +369,19 @@ def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serv
                     partition_index=i32(0), committed_offset=i64(1),
                     committed_leader_epoch=i32(-1), committed_metadata=None),)),)))
         assert commit.topics[0].partitions[0].error_code == ErrorCode.unknown_topic_or_partition
+        # One partition named twice: neither offset is committed, each entry says so (both
+        # were answered with the code of the last one, committed).
+        commit = call_on(sock, 8, 7, 22, OffsetCommitRequest(
+            group_id=GroupId("hostile"), generation_id_or_member_epoch=i32(generation),
+            member_id=member,
+            group_instance_id=None, topics=(OffsetCommitRequestTopic(
+                name=TopicName("kp-twice"), partitions=tuple(OffsetCommitRequestPartition(
+                    partition_index=i32(0), committed_offset=i64(offset),
+                    committed_leader_epoch=i32(-1), committed_metadata=None)
+                    for offset in (10**9, 1))),)))
+        assert [p.error_code for p in commit.topics[0].partitions] == [
+            ErrorCode.invalid_request] * 2
+        assert cursors(gateway, "hostile", ["kp-twice-0"]) == {"kp-twice-0": None}
 
 
 def test_a_pd_leader_change_mid_group_loses_no_committed_offset(
@@ -436,6 +470,29 @@ async def test_sdk_subscribe_shares_streams_rebalances_and_resumes(gateway: Gate
             for writer in writers:
                 await writer.close()
         assert [await sdk.cursor_offset(n, "sdk-g") for n in names] == [12, 12, 12]
+
+
+async def test_sdk_subscribe_to_a_kafka_groups_name_raises_instead_of_waiting(
+        gateway: Gateway) -> None:
+    """A group is either Kafka consumers' or ``client.subscribe``'s: subscribing to a name a
+    Kafka group holds raises ``Conflict`` naming why (it asked again every 0.2 s, silently,
+    for as long as the Kafka group lived)."""
+    from estream.sdk.groups import GroupClient
+
+    async with await estream.connect(gateway.pd) as sdk:
+        await sdk.create_stream("mixed-s")
+        groups = GroupClient(sdk.pd)
+        joined = await groups.join("mixed-g", "kafka-member", "consumer", [("range", b"")],
+                                   session_timeout_ms=60_000, rebalance_timeout_ms=1_000)
+        assert not joined.error
+        sub = sdk.subscribe("mixed-g", ["mixed-s"], heartbeat_s=0.2)
+        try:
+            with pytest.raises(estream.Conflict, match="inconsistent_group_protocol"):
+                async with asyncio.timeout(WAIT_S):
+                    await sub.__anext__()
+        finally:
+            await sub.close()
+            await groups.leave("mixed-g", ["kafka-member"])
 
 
 async def test_sdk_subscribe_reads_a_stream_deleted_and_made_again(gateway: Gateway) -> None:

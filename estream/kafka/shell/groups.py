@@ -176,11 +176,17 @@ class GroupApis:
         generation = int(getattr(request, "generation_id_or_member_epoch",
                                  getattr(request, "generation_id", -1)))
         offsets: dict[str, int] = {}
+        named: dict[str, int] = {}  # how often each partition is named
         for topic in request.topics:
             for p in topic.partitions:
+                stream = stream_name(str(topic.name), int(p.partition_index))
+                named[stream] = named.get(stream, 0) + 1
                 if p.committed_offset >= 0:
-                    offsets[stream_name(str(topic.name), int(p.partition_index))] = int(
-                        p.committed_offset)
+                    offsets[stream] = int(p.committed_offset)
+        # A partition named twice is committed at neither offset: which one the client
+        # meant is anyone's guess, and each entry must be answered for itself.
+        twice = {stream for stream, n in named.items() if n > 1}
+        offsets = {stream: o for stream, o in offsets.items() if stream not in twice}
         failed: ErrorCode | None = None
         errors: dict[str, str] = {}
         try:
@@ -194,6 +200,8 @@ class GroupApis:
         part_cls = kp.nested(schema, "OffsetCommitResponsePartition")
 
         def code(topic: str, p: Any) -> ErrorCode:
+            if stream_name(topic, int(p.partition_index)) in twice:
+                return ErrorCode.invalid_request
             if p.committed_offset < 0:
                 return ErrorCode.invalid_commit_offset_size
             if failed is not None:
