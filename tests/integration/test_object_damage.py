@@ -45,7 +45,7 @@ from estream.sdk.reader import read_stream
 from estream.wire.errors import ChecksumMismatch, EstreamError, ObjectStoreError
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import encode_object
-from estream.wire.record import Record, encode_batch
+from estream.wire.record import Record, encode_batch, iter_batches
 from tests.harness.objecttier import (
     PREFIX,
     ObjectTier,
@@ -300,11 +300,22 @@ async def test_damage_after_the_release_is_a_typed_error(cluster: Cluster,
         values = await write_ranges(client, "released", [40])
     (r,) = await wait_for(lambda: all_tiered(cluster, "released", released=True),
                           REPAIR_TIMEOUT_S, "range 0 in the object tier, released")
-    await file_tier(objects_dir).flip(r["object_key"], r["object_part"]["data"][0] + 80)
+    # A byte of the batch at offset 25 (each record its own batch): the 25 records before
+    # it are delivered, then the typed error names where (one bad batch hid them all).
+    start, end = r["object_part"]["data"]
+    at = start
+    for header, batch in iter_batches((objects_dir / r["object_key"]).read_bytes()[start:end]):
+        if header.base_offset == 25:
+            break
+        at += len(batch)
+    await file_tier(objects_dir).flip(r["object_key"], at + 80)
+    delivered: list[bytes] = []
     async with await estream.connect(cluster.pd_addresses) as client:
-        with pytest.raises(ChecksumMismatch):
+        with pytest.raises(ChecksumMismatch, match="from offset 25"):
             async with asyncio.timeout(READ_TIMEOUT_S):
-                [x async for x in client.read("released", 0, len(values))]
+                async for x in client.read("released", 0, len(values)):
+                    delivered.append(x.value)
+    assert delivered == values[:25]
     await wait_for(lambda: metric(cluster, "estream_object_damage_lost_ranges_total") >= 1,
                    REPAIR_TIMEOUT_S, "the range counted as lost")
     after = cluster.describe("released")["ranges"][0]
