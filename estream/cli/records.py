@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any, Final
 
 from estream.cli.output import emit_json
-from estream.server.config import non_negative_int
+from estream.server.config import INT64_MAX, non_negative_int
 from estream.wire.errors import EstreamError
 
 APPEND_WINDOW = 256  # appends in flight at once
@@ -177,8 +177,10 @@ def record_json(record: Any) -> str:
 
 
 def from_arg(text: str) -> str:
-    """``--from``: an offset, ``start``, ``end`` or ``-N``. Pure."""
-    if text in ("start", "end") or text.lstrip("-").isdigit():
+    """``--from``: an offset, ``start``, ``end`` or ``-N`` (N and the offset at most
+    2**63-1). Pure."""
+    if text in ("start", "end") or (text.lstrip("-").isdigit()
+                                    and abs(int(text)) <= INT64_MAX):
         return text
     raise argparse.ArgumentTypeError(f"--from expects OFFSET, start, end or -N, got {text!r}")
 
@@ -246,6 +248,8 @@ def time_arg(text: str) -> int:
     import datetime
 
     if text.isdigit():
+        if int(text) > INT64_MAX:
+            raise argparse.ArgumentTypeError(f"--from-time: at most {INT64_MAX} ms, got {text}")
         return int(text)
     try:
         when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -17,7 +17,8 @@ from typing import Any
 from estream.cli.admin import admin_get
 from estream.cli.output import emit_json, human_bytes, iso_ms, key_values, print_tables, table
 from estream.core.stripedread import holding
-from estream.server.config import non_negative_int, positive_int
+from estream.server.config import int_in, non_negative_int, positive_int
+from estream.wire.fields import streams_page_max
 from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT
 from estream.wire.record import DIGESTS
 
@@ -195,8 +196,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                         "still an error)")
     p.set_defaults(handler=create)
     p = ssub.add_parser("list", parents=[common], help="list streams")
-    p.add_argument("--limit", type=positive_int, default=None,
-                   help="one page of at most this many streams (default: every stream)")
+    p.add_argument("--limit", type=int_in(1, streams_page_max), default=None,
+                   help=f"one page of at most this many streams, up to {streams_page_max} "
+                        "(default: every stream)")
     p.add_argument("--after", default="", help="with --limit: the page after this name")
     p.set_defaults(handler=list_)
     p = ssub.add_parser("describe", parents=[common], help="a stream's settings and ranges")

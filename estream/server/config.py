@@ -74,26 +74,35 @@ def host_port_list(text: str) -> str:
     return ",".join(host_port(item) for item in items)
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+INT64_MAX = 2**63 - 1  # what the protocol carries: a larger number is a usage error here
 
 
-def non_negative_int(text: str) -> int:
-    """An integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def int_in(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]``.
+
+    >>> int_in(1, 1000)("1000"), int_in(0)(str(2**63 - 1))
+    (1000, 9223372036854775807)
+    >>> int_in(1, 1000)("1001")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be at most 1000, got 1001
+    """
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_in(1)  # an integer >= 1 (and at most 2**63-1)
+non_negative_int = int_in(0)  # an integer >= 0 (and at most 2**63-1)
 
 
 def seconds(text: str) -> float:

@@ -106,3 +106,20 @@ def test_a_command_that_ends_before_stdin_does_leaves_no_coroutine_behind() -> N
         gc.collect()
     assert not lines.thread.is_alive()
     assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["read", "s", "--from", str(2**63)],
+    ["read", "s", "--from-time", "99999999999999999999"],
+    ["read", "s", "--to", str(2**63)],
+    ["stream", "list", "--limit", "100000"],
+    ["stream", "describe", "s", "--offset", str(2**63)],
+])
+def test_numbers_past_what_the_protocol_carries_are_usage_errors(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2 with the argument named, before anything is sent (they were exit 1, from a
+    server's refusal or a field that "cannot be sent")."""
+    with pytest.raises(SystemExit) as stop:
+        user.main([*argv, "--pd", "127.0.0.1:1"])
+    assert stop.value.code == 2
+    assert "argument --" in capsys.readouterr().err
