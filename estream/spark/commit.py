@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from estream.wire.errors import Conflict
+
 HEADER_PREFIX: Final = "estream.spark."
 SINK_HEADER: Final = "estream.spark.sink"
 BATCH_HEADER: Final = "estream.spark.batch"
@@ -157,8 +159,13 @@ def plan_commit(tail: Marker | None, sink: str, batch: int) -> CommitPlan:
     driver opens a writer (which fences any writer of an earlier, maybe killed, driver and
     fixes the stream's end), looks at the last record, and :func:`plan_commit` decides:
 
-    - the tail is batch ``b`` complete (``seq == count - 1``), or a later batch: **skip**
-      (Spark is replaying a batch whose commit reached estream but not Spark's commit log);
+    - the tail is batch ``b`` complete (``seq == count - 1``): **skip** (Spark is replaying
+      a batch whose commit reached estream but not Spark's commit log);
+    - the tail is a *later* batch of this sink: :class:`Conflict`. Spark plans batch
+      ``b + 1`` only once ``b`` is in its commit log, so one checkpoint never commits ``b``
+      after ``b + 1``: the query's checkpoint was deleted (its batch ids start again at 0)
+      or another query uses the same sink id. Skipping, as before, dropped every row of the
+      new run without a word;
     - the tail is batch ``b`` incomplete (the driver died while appending): **resume**: read
       back the ``seq + 1`` records of ``b`` already there and append only the rows of the
       replayed batch that are not among them (:func:`remaining_rows`, a multiset difference,
@@ -178,9 +185,21 @@ def plan_commit(tail: Marker | None, sink: str, batch: int) -> CommitPlan:
     """
     if tail is None or tail.sink != sink or tail.batch < batch:
         return Append()
-    if tail.batch > batch or tail.last:
+    if tail.batch > batch:
+        raise later_batch_stored(sink, tail.batch, batch)
+    if tail.last:
         return Skip()
     return Resume(written=tail.seq + 1)
+
+
+def later_batch_stored(sink: str, stored: int, batch: int) -> Conflict:
+    """The error of a sink asked to commit ``batch`` where batch ``stored`` (later) of the
+    same sink id is stored already (:func:`plan_commit`, and executors mode's producers)."""
+    return Conflict(
+        f"estream sink {sink!r}: batch {stored} of this sink is stored already, and the query "
+        f"commits batch {batch}: its checkpoint was reset (batch ids start again at 0) or "
+        "another query uses the same sink id. Give this query its own option 'sinkId' "
+        "(records of the new run are then told from the old run's by it)")
 
 
 def remaining_rows(rows: Sequence[Row], written: Iterable[Row]) -> list[Row]:

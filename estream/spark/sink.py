@@ -33,6 +33,7 @@ from estream.spark.commit import (
     Resume,
     Row,
     Skip,
+    later_batch_stored,
     make_row,
     parse_marker,
     partition_stream,
@@ -302,6 +303,9 @@ async def _produce(client: estream.Client, opts: SinkOptions, target: Target, ba
                 raise StreamNotFound(f"estream sink: stream {target.stream!r} does not "
                                      f"exist{why}", stream=target.stream) from None
             try:
+                stored = writer.last_sequence // ROWS_PER_BATCH_MAX  # its last row's batch
+                if stored > batch:  # (a checkpoint reset: see plan_commit)
+                    raise later_batch_stored(opts.sink_id, stored, batch)
                 missing = todo_positions(target.positions, first, writer.last_sequence)
                 initial = len(missing) if initial < 0 else initial
                 todo = missing

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ pytest.importorskip("pyarrow")
 
 from estream.devcluster.process import track  # noqa: E402
 from estream.spark.commit import parse_marker  # noqa: E402
+from estream.wire.errors import Conflict  # noqa: E402
 from tests.integration.conftest_spark import (  # noqa: E402
     append,
     create_stream,
@@ -261,6 +263,17 @@ def test_stopped_query_restarts_from_its_checkpoint_without_loss_or_repeat(
     markers = [parse_marker(r.headers) for r in records]
     assert all(m is not None and m.sink == str(ckpt) for m in markers)
 
+    # The checkpoint deleted, the query started again at its place: Spark's batch ids start
+    # at 0 under the same sink id. The query fails, naming why, and stores nothing (every
+    # row of the new run was skipped in silence).
+    from pyspark.errors import StreamingQueryException
+
+    shutil.rmtree(ckpt)
+    query = copy_query(spark, estream_pd, "stop_in", "stop_out", ckpt, 100)
+    with pytest.raises(StreamingQueryException, match="checkpoint was reset"):
+        query.awaitTermination(QUERY_TIMEOUT_S)
+    assert len(read_all(estream_pd, "stop_out")) == 1000
+
 
 def forget_last_commit(ckpt: Path) -> None:
     def ids(folder: str) -> list[int]:
@@ -376,7 +389,8 @@ def test_sink_commit_resumes_a_half_appended_batch_and_skips_a_committed_one(
     asyncio.run(half_append())
     assert asyncio.run(commit_rows(opts, 7, list(reversed(rows)))) == 6
     assert asyncio.run(commit_rows(opts, 7, rows)) == 0  # committed: a replay is skipped
-    assert asyncio.run(commit_rows(opts, 6, rows)) == 0  # an older batch is skipped too
+    with pytest.raises(Conflict, match="checkpoint was reset"):  # an older batch: a reset
+        asyncio.run(commit_rows(opts, 6, rows))
     records = read_all(estream_pd, "resume_out")
     assert records[0].value == b"before"
     assert sorted(make_row(r.value, r.headers) for r in records[1:]) == sorted(rows)

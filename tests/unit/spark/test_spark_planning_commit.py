@@ -17,6 +17,7 @@ from estream.spark.commit import (
     record_headers,
     remaining_rows,
 )
+from estream.wire.errors import Conflict
 
 
 def test_marker_round_trips_through_record_headers() -> None:
@@ -44,13 +45,19 @@ def test_make_row_drops_upstream_sink_headers_and_sorts() -> None:
         (Marker("q", 3, 9, 10), 4, Append()),  # previous batch complete: new batch
         (Marker("other", 4, 0, 10), 4, Append()),  # someone else's records
         (Marker("q", 4, 9, 10), 4, Skip()),  # replay of a committed batch
-        (Marker("q", 5, 0, 1), 4, Skip()),  # an older batch replayed
         (Marker("q", 4, 2, 10), 4, Resume(3)),  # driver died after 3 of 10
         (Marker("q", 4, 0, 1), 4, Skip()),
     ],
 )
 def test_plan_commit(tail: Marker | None, batch: int, expected: object) -> None:
     assert plan_commit(tail, "q", batch) == expected
+
+
+def test_a_later_batch_of_the_sink_stored_is_a_conflict_not_a_skip() -> None:
+    """One checkpoint never commits batch 4 after batch 5: a reset checkpoint or a second
+    query with the sink id does, whose rows were all skipped in silence."""
+    with pytest.raises(Conflict, match="checkpoint was reset"):
+        plan_commit(Marker("q", 5, 0, 1), "q", 4)
 
 
 def test_remaining_rows_is_a_multiset_difference_keeping_order() -> None:
