@@ -537,7 +537,8 @@ class EstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return plan(opts, start, end, spec_for(self.spec, opts.streams))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, EstreamPartition)
+        if not isinstance(partition, EstreamPartition):  # nothing planned (see the batch's)
+            return iter(())
         freeze_worker_heap()
         return read_partition(self.opts, partition)
 
@@ -577,9 +578,18 @@ class EstreamBatchReader(DataSourceReader):
                     start=bounds[name].start,
                     end=bounds[name].end,
                 )
-        return plan(self.opts, resolve_spec(self.start_spec, bounds), end, self.start_spec)
+        start = resolve_spec(self.start_spec, bounds)
+        for name, offset in start.items():
+            if name in end and offset > end[name]:
+                raise InvalidArgument(
+                    f"estream: stream {name!r}: startingOffsets {offset} is past "
+                    f"endingOffsets {end[name]}", argument="startingOffsets")
+        return plan(self.opts, start, end, self.start_spec)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, EstreamPartition)
+        if not isinstance(partition, EstreamPartition):
+            # Nothing planned (an empty stream, a start at the end, a pattern matching no
+            # stream): PySpark then reads one partition of its own, InputPartition(None).
+            return iter(())
         freeze_worker_heap()
         return read_partition(self.opts, partition)

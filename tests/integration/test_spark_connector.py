@@ -154,6 +154,17 @@ def test_batch_read_with_starting_and_ending_offsets(spark: Any, estream_pd: str
     assert sorted(by_stream["batch_b"]) == list(range(25))
     assert {r.value for r in rows if r.stream == "batch_a"} == set(values("a", 300)[10:250])
 
+    # Nothing to read is an empty frame (a bare AssertionError from the task before); a
+    # start past the end is refused, naming both.
+    create_stream(estream_pd, "batch_empty")
+    empty = spark.read.format("estream").option("pd", estream_pd).option(
+        "streams", "batch_empty").load()
+    assert empty.count() == 0
+    with pytest.raises(Exception, match="startingOffsets 30 is past endingOffsets 25"):
+        (spark.read.format("estream").option("pd", estream_pd).option("streams", "batch_b")
+         .option("startingOffsets", '{"batch_b": 30}')
+         .option("endingOffsets", '{"batch_b": 25}').load().collect())
+
 
 def test_a_striped_stream_reads_as_an_unstriped_one(spark: Any, estream_pd: str) -> None:
     """Issue 30: the source over a striped stream (ensemble 3, replicas 2 on the module's
