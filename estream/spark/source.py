@@ -277,6 +277,20 @@ def views_to_arrow(stream: str, views: Sequence[BatchView], schema: pa.Schema) -
 
 
 VALUES_BYTES_MAX = 2**31 - 1  # Arrow binary arrays have int32 offsets
+SPARK_MILLIS_MAX = (2**63 - 1) // 1000  # Spark's timestamps are int64 microseconds
+
+
+def _spark_timestamps(millis: pa.Array, to: pa.DataType) -> pa.Array:
+    """Millisecond timestamps as Spark's microseconds. A record may carry any int64 of
+    milliseconds; past about 292,000 years from 1970 (either way) it has no microsecond
+    timestamp: those are clamped to the nearest Spark can hold, rather than failing every
+    query of the stream with ArrowInvalid."""
+    try:
+        return millis.cast(to)
+    except pa.ArrowInvalid:
+        raw = np.asarray(millis.cast(pa.int64()))
+        clamped = np.clip(raw, -SPARK_MILLIS_MAX, SPARK_MILLIS_MAX)
+        return pa.array(clamped, type=pa.int64()).cast(millis.type).cast(to)
 
 
 def _record_batch(
@@ -291,13 +305,15 @@ def _record_batch(
 ) -> pa.RecordBatch:
     """The source's six columns; ``millis``: the records' little-endian int64
     timestamps (ms), offsets ``first_offset`` onwards; ``keys`` None: no record has one."""
-    timestamps = pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, millis])
+    timestamps = _spark_timestamps(
+        pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, millis]),
+        schema.field("timestamp").type)
     offsets = np.arange(first_offset, first_offset + n, dtype="<i8")
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(stream, type=schema.field("stream").type), n),
             pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
-            timestamps.cast(schema.field("timestamp").type),
+            timestamps,
             headers,
             values,
             pa.nulls(n, pa.binary()) if keys is None else keys,
@@ -333,10 +349,19 @@ def columns_headers_array(
                 items.extend(headers.values())
             flat.append(len(keys))
     ends = pa.array(flat, type=pa.int32())
-    array_ = pa.MapArray.from_arrays(
-        ends, pa.array(keys, type=pa.string()), pa.array(items, type=pa.string())
-    )
+    array_ = pa.MapArray.from_arrays(ends, _strings(keys), _strings(items))
     return array_.cast(map_type)
+
+
+def _strings(texts: list[str]) -> pa.Array:
+    """``texts`` as an Arrow string array. A header of bytes that are not UTF-8 (a Kafka
+    producer's, which the gateway keeps as lone surrogates) cannot be an Arrow string: its
+    bad bytes become U+FFFD here, rather than failing every query of the stream."""
+    try:
+        return pa.array(texts, type=pa.string())
+    except UnicodeEncodeError:
+        return pa.array([t.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                         for t in texts], type=pa.string())
 
 
 def take_rows(views: list[BatchView], rows: int) -> tuple[list[BatchView], list[BatchView]]:

@@ -120,3 +120,26 @@ def test_the_worker_heap_is_frozen_once() -> None:
     finally:
         gc.unfreeze()
         source._heap.update(saved)
+
+
+def test_a_header_of_bytes_not_utf8_reads_with_replacement_characters() -> None:
+    """A Kafka producer's header bytes that are not UTF-8 (kept as lone surrogates) failed
+    every query of the stream with UnicodeEncodeError from Arrow."""
+    odd = b"\x8f\x01\xff".decode("utf-8", "surrogateescape")
+    columns = [decode_columns(encode([Record(b"v", {"trace": odd, "k": "ok"}, 1)], 0))]
+    batch = columns_to_arrow("s", columns, arrow_schema())
+    batch.validate(full=True)
+    assert dict(batch.column("headers").to_pylist()[0]) == {
+        "trace": "\ufffd\x01\ufffd", "k": "ok"}
+
+
+def test_timestamps_past_what_spark_holds_are_clamped() -> None:
+    """The SDK takes any int64 of milliseconds; Spark's microseconds end near 2**63 / 1000:
+    a record stamped 2**62 ms failed every query of its stream with ArrowInvalid."""
+    columns = [decode_columns(encode(
+        [Record(b"a", {}, 2**62), Record(b"b", {}, 5), Record(b"c", {}, -(2**62))], 0))]
+    batch = columns_to_arrow("s", columns, arrow_schema())
+    batch.validate(full=True)
+    micros = batch.column("timestamp").cast("int64").to_pylist()
+    limit = source.SPARK_MILLIS_MAX * 1000
+    assert micros == [limit, 5_000, -limit]
