@@ -141,18 +141,21 @@ def check_schema(schema: StructType) -> None:
     fields = {f.name: f.dataType for f in schema.fields}
     value = fields.get("value")
     if not isinstance(value, BinaryType | StringType):
+        has = "none" if value is None else value.simpleString()
         raise InvalidArgument(
             f"estream sink: the data frame needs a 'value' column of binary or string type; "
-            f"it has columns {sorted(fields)}",
+            f"it has columns {sorted(fields)} ('value': {has})",
             argument="value",
         )
     headers = fields.get("headers")
     if headers is not None and not (
         isinstance(headers, MapType) and isinstance(headers.keyType, StringType)
+        and isinstance(headers.valueType, StringType)
     ):
         raise InvalidArgument(
-            "estream sink: column 'headers' must be a map<string,string>", argument="headers"
-        )
+            "estream sink: column 'headers' must be a map<string,string>, not "
+            f"{headers.simpleString()} (its values were stored as their Python repr)",
+            argument="headers")
     key = fields.get("key")
     if key is not None and not isinstance(key, BinaryType | StringType):
         raise InvalidArgument("estream sink: column 'key' must be binary or string",
@@ -166,6 +169,12 @@ def _row_of(row: Any, has_headers: bool, has_key: bool = False) -> Row:
     if isinstance(value, str):
         value = value.encode()
     headers = row["headers"] if has_headers else None
+    if headers and None in headers.values():  # (it was stored as the text 'None')
+        raise InvalidArgument(
+            "estream sink: a row's headers map "
+            f"{sorted(k for k, v in headers.items() if v is None)!r} to null; estream "
+            "headers are strings (drop them: map_filter(headers, (k, v) -> v IS NOT NULL))",
+            argument="headers")
     key = row["key"] if has_key else None
     if isinstance(key, str):
         key = key.encode()

@@ -65,3 +65,31 @@ def test_the_sink_writer_checks_both_at_construction() -> None:
         EstreamStreamWriter({**PD}, routed)
     with pytest.raises(InvalidArgument, match="unknown option 'sinkid2'"):
         EstreamStreamWriter({**PD, "stream": "s", "sinkid2": "q"}, schema)
+
+
+def test_header_maps_of_other_values_and_null_values_are_refused() -> None:
+    """map<string,binary> headers were stored as the Python repr of the bytes, a null value
+    as the text 'None'; a value column of another type was refused without naming it."""
+    from pyspark.sql.types import (
+        BinaryType,
+        IntegerType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    from estream.spark.sink import _row_of, check_schema
+
+    def schema(value: object, headers: object) -> StructType:
+        return StructType([StructField("value", value), StructField("headers", headers)])
+
+    check_schema(schema(BinaryType(), MapType(StringType(), StringType())))
+    with pytest.raises(InvalidArgument, match="map<string,binary>"):
+        check_schema(schema(BinaryType(), MapType(StringType(), BinaryType())))
+    with pytest.raises(InvalidArgument, match="'value': int"):
+        check_schema(schema(IntegerType(), MapType(StringType(), StringType())))
+    with pytest.raises(InvalidArgument, match="to null"):
+        _row_of({"value": b"v", "headers": {"a": None, "b": "1"}}, has_headers=True)
+    assert _row_of({"value": b"v", "headers": {"b": "1"}}, has_headers=True) == (
+        b"v", (("b", "1"),))
