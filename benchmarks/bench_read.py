@@ -8,7 +8,7 @@ bytes (default 200,000 x 1 KiB; replicas 3, ack 2) and reads the whole stream ba
 - ``read_batches``: ``Client.read_batches``, one ``BatchColumns`` per stored batch (values
   in one buffer, no object per record);
 - ``read_batches+arrow``: the same, each chunk of columns turned into an Arrow batch the
-  way the Spark source does (``estream.spark.source.columns_to_arrow``).
+  way the Spark source does (``estream.spark.arrow.columns_to_arrow``).
 
 Prints records/s (best and median of the runs) per API. Every phase is bounded in count
 and time. ``--striped``: instead, 6 range servers and two sealed streams of the same
@@ -68,7 +68,8 @@ async def read_batches(client: estream.Client) -> int:
 
 
 async def read_batches_arrow(client: estream.Client) -> int:
-    from estream.spark.source import arrow_schema, columns_to_arrow
+    from estream.spark.arrow import columns_to_arrow
+    from estream.spark.source import arrow_schema
 
     schema = arrow_schema()
     count = 0

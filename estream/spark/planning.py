@@ -91,6 +91,30 @@ class StreamBounds:
 
     start: int
     end: int
+    id: int = 0  # the stream's id (which incarnation of the name); 0: unknown
+
+
+# A query's offsets (Spark's offsets log) name each stream's id beside its offset, as
+# "<name>@id" (a stream name never holds "@"): a name deleted and created again between two
+# batches, or while the query was stopped, is another stream, not the same one read on
+# from the old offset (which skipped the new stream's first records in silence).
+ID_SUFFIX: Final = "@id"
+
+
+def with_ids(offsets: Mapping[str, int], bounds: Mapping[str, StreamBounds]) -> Offsets:
+    """``offsets`` with each stream's id beside it, keys sorted (canonical JSON).
+
+    >>> with_ids({"b": 3, "a": 7}, {"a": StreamBounds(0, 9, 4), "b": StreamBounds(0, 9)})
+    {'a': 7, 'a@id': 4, 'b': 3}
+    """
+    merged = dict(offsets) | {name + ID_SUFFIX: bounds[name].id for name in offsets
+                              if name in bounds and bounds[name].id}
+    return offsets_dict(merged)
+
+
+def without_ids(offsets: Mapping[str, int]) -> Offsets:
+    """The streams' offsets of a query's offsets (:func:`with_ids`'s ids left out)."""
+    return {name: int(o) for name, o in offsets.items() if not name.endswith(ID_SUFFIX)}
 
 
 def resolve_spec(spec: Mapping[str, int], bounds: Mapping[str, StreamBounds]) -> Offsets:
@@ -106,14 +130,29 @@ def resolve_spec(spec: Mapping[str, int], bounds: Mapping[str, StreamBounds]) ->
     return offsets_dict(resolved)
 
 
-def check_start(name: str, offset: int, bounds: StreamBounds, fail_on_data_loss: bool) -> int:
-    """The offset to read ``name`` from, given that Spark asks to continue at ``offset``.
+def check_start(name: str, offset: int, bounds: StreamBounds, fail_on_data_loss: bool,
+                stream_id: int = 0) -> int:
+    """The offset to read ``name`` from, given that Spark asks to continue at ``offset``
+    of the stream with id ``stream_id`` (0: unknown, an older checkpoint's).
+
+    A stream deleted and created again under the name since (another id) is new to the
+    query: with ``fail_on_data_loss`` that raises (what the old one held past ``offset``
+    is gone), else the new one is read from its start.
 
     Below the stream's start (trimmed away), or past its confirmed end (the stream was
     deleted and created again?), records are lost: with ``fail_on_data_loss`` that raises
     :class:`OffsetOutOfRange` naming the stream and offsets; without it the reader skips
     to the nearest readable offset.
     """
+    if stream_id and bounds.id and stream_id != bounds.id:
+        what = (f"stream {name!r} was deleted and created again (its id was {stream_id}, "
+                f"is {bounds.id}): the old stream's records from offset {offset} on are "
+                "gone, and the new one is read from its start")
+        offset, skip_to = bounds.start, bounds.start
+        if not fail_on_data_loss:
+            return skip_to
+        raise OffsetOutOfRange(what + ". Set option failOnDataLoss=false to go on so.",
+                               offset=offset, start=bounds.start, end=bounds.end)
     if bounds.start <= offset <= bounds.end:
         return offset
     if offset < bounds.start:

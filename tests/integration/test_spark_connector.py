@@ -286,6 +286,44 @@ def test_stopped_query_restarts_from_its_checkpoint_without_loss_or_repeat(
     assert len(read_all(estream_pd, "stop_out")) == 1000
 
 
+def test_a_stream_made_again_is_not_read_on_from_the_old_offset(
+    spark: Any, estream_pd: str, tmp_path: Path
+) -> None:
+    """The query read 100 records of its stream; the name is deleted and created again with
+    50 new records: the restarted query fails with failOnDataLoss (default), and without it
+    reads the new stream from its start (it read from offset 100: skipped all 50)."""
+    import asyncio
+
+    from pyspark.errors import StreamingQueryException
+
+    import estream
+
+    async def make_again(name: str) -> None:
+        async with await estream.connect(estream_pd) as client:
+            await client.delete_stream(name)
+            await client.create_stream(name)
+
+    create_stream(estream_pd, "again_in")
+    create_stream(estream_pd, "again_out")
+    append(estream_pd, "again_in", values("old", 100))
+    ckpt = tmp_path / "ckpt"
+
+    def start(**options: Any) -> Any:
+        df = source(spark, estream_pd, "again_in", **options).select("value", "headers")
+        return (df.writeStream.format("estream").option("pd", estream_pd)
+                .option("stream", "again_out").option("checkpointLocation", str(ckpt))
+                .trigger(availableNow=True).start())
+
+    assert start().awaitTermination(QUERY_TIMEOUT_S)
+    assert sink_values(estream_pd, "again_out") == values("old", 100)
+    asyncio.run(make_again("again_in"))
+    append(estream_pd, "again_in", values("new", 150)[100:])
+    with pytest.raises(StreamingQueryException, match="deleted and created again"):
+        start().awaitTermination(QUERY_TIMEOUT_S)
+    assert start(failOnDataLoss="false").awaitTermination(QUERY_TIMEOUT_S)
+    assert sink_values(estream_pd, "again_out") == values("old", 100) + values("new", 150)[100:]
+
+
 def forget_last_commit(ckpt: Path) -> None:
     def ids(folder: str) -> list[int]:
         return sorted(int(p.name) for p in (ckpt / folder).iterdir() if p.name.isdigit())

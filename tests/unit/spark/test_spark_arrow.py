@@ -8,7 +8,8 @@ import gc
 import os
 
 from estream.spark import source
-from estream.spark.source import arrow_schema, columns_to_arrow, take_rows, views_to_arrow
+from estream.spark.arrow import SPARK_MILLIS_MAX, columns_to_arrow, views_to_arrow
+from estream.spark.source import arrow_schema, take_rows
 from estream.wire.record import (
     Record,
     decode_batch,
@@ -141,5 +142,5 @@ def test_timestamps_past_what_spark_holds_are_clamped() -> None:
     batch = columns_to_arrow("s", columns, arrow_schema())
     batch.validate(full=True)
     micros = batch.column("timestamp").cast("int64").to_pylist()
-    limit = source.SPARK_MILLIS_MAX * 1000
+    limit = SPARK_MILLIS_MAX * 1000
     assert micros == [limit, 5_000, -limit]

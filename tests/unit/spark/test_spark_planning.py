@@ -332,3 +332,20 @@ def test_security_options_are_paths_parsed_case_insensitively() -> None:
 def test_incomplete_tls_options_are_refused(options: dict[str, str]) -> None:
     with pytest.raises(InvalidArgument, match="tls"):
         SourceOptions.parse({"pd": "h:1", "streams": "a", **options})
+
+
+def test_a_stream_made_again_under_its_name_is_not_read_on_from_the_old_offset() -> None:
+    """The query's offsets name each stream's id: a name deleted and created again (another
+    id) fails with failOnDataLoss, else is read from its start; its first records were
+    skipped in silence, read from the old stream's offset."""
+    from estream.spark.planning import with_ids, without_ids
+
+    made_again = StreamBounds(0, 800, id=9)
+    assert check_start("s", 500, made_again, False, stream_id=9) == 500  # the same one
+    assert check_start("s", 500, made_again, False, stream_id=0) == 500  # an old checkpoint
+    assert check_start("s", 500, made_again, False, stream_id=7) == 0
+    with pytest.raises(OffsetOutOfRange, match="deleted and created again"):
+        check_start("s", 500, made_again, True, stream_id=7)
+    offsets = with_ids({"s": 500, "t": 3}, {"s": made_again, "t": StreamBounds(0, 3)})
+    assert offsets == {"s": 500, "s@id": 9, "t": 3}
+    assert without_ids(offsets) == {"s": 500, "t": 3}
