@@ -13,6 +13,7 @@ Side effects: writes PEM and token files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -29,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from estream.net.security import certificate_file_role
+from estream.server.durable import fsync_dir
 from estream.wire.roles import CLIENT_ROLE, MEMBER_ROLE, ROLES, role_uri
 
 validity_days: Final = 825  # what browsers accept at most for a leaf; a CA gets the same
@@ -277,3 +279,28 @@ def main(argv: Sequence[str] | None = None) -> int:
               "restart the servers to accept it)")
         print(f"{ns.role} certificate: --tls-cert {cert} --tls-key {key}")
     return 0
+
+
+SECRET_NAME = "cluster-secret"
+
+
+def ensure_cluster_secret(data_dir: Path) -> Path:
+    """``DATA_DIR/cluster-secret``: made once (random, mode 0600, written to a temporary
+    file and renamed, so a crash never leaves an empty one), then kept as it is, so a
+    restarted cluster keeps verifying the MACs its clients make."""
+    path = data_dir / SECRET_NAME
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_bytes().strip():
+            return path
+    tmp = path.with_suffix(".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, (secrets.token_urlsafe(32) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(data_dir)
+    return path

@@ -8,9 +8,9 @@ dies (backoff), prints readiness and, on SIGINT/SIGTERM, stops them all. A new c
 PD nodes start the first time with ``--new-cluster`` (restarted without it); once it was
 ready, ``DATA_DIR/pd-bootstrapped`` says so and every later ``estream up`` on that data dir
 keeps all data (PD nodes then ``--join``: a PD data dir that is gone waits for the others'
-catalog). The cluster secret
-(:func:`ensure_cluster_secret`, ``DATA_DIR/cluster-secret``) is the member credential and
-the key of ``hmac-sha256`` streams. Ports, TLS and the secret for users: README.md.
+catalog). The cluster secret (``DATA_DIR/cluster-secret``,
+:func:`~estream.devcluster.certs.ensure_cluster_secret`) is the member credential and the
+key of ``hmac-sha256`` streams. Ports, TLS and the secret for users: README.md.
 
 Side effects (:class:`Supervisor`): child processes, signals, HTTP probes, the data-dir lock.
 """
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import os
-import secrets
 import signal
 import socket
 import ssl
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from estream.core.backoff import backoff_delay
-from estream.devcluster.certs import ClusterTls, ensure_cluster_tls
+from estream.devcluster.certs import ClusterTls, ensure_cluster_secret, ensure_cluster_tls
 from estream.devcluster.cmdline import (
     NEW_CLUSTER,
     estream_argv,
@@ -45,7 +45,13 @@ from estream.devcluster.cmdline import (
 from estream.devcluster.pd import alive_rangeservers, http_json, servers_not_beating
 from estream.devcluster.process import ManagedProcess, stop_processes
 from estream.devcluster.upbanner import banner
-from estream.server.config import one_line_errors, port_number, positive_int, positive_seconds
+from estream.server.config import (
+    bind_host,
+    one_line_errors,
+    port_number,
+    positive_int,
+    positive_seconds,
+)
 from estream.server.durable import fsync_dir
 
 RAFT_OFFSET = 10
@@ -388,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--range-servers", type=positive_int, default=3,
                         help="range servers (default 3; drain and repair need one more "
                              "than a stream's replicas)")
-    parser.add_argument("--host", default="127.0.0.1", help="address every process binds")
+    parser.add_argument("--host", type=bind_host, default="127.0.0.1",
+                        help="IPv4 address (or a name of one) every process binds")
     parser.add_argument("--base-port", type=port_number, default=7100,
                         help="first port of the layout above (default 7100)")
     parser.add_argument(
@@ -405,31 +412,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="TLS on every port, with a token: a CA, certificates and the token are made "
         "once in DATA_DIR/tls (clients: ESTREAM_TLS_CA, ESTREAM_TOKEN_FILE)")
     return one_line_errors(parser)
-
-
-SECRET_NAME = "cluster-secret"
-
-
-def ensure_cluster_secret(data_dir: Path) -> Path:
-    """``DATA_DIR/cluster-secret``: made once (random, mode 0600, written to a temporary
-    file and renamed, so a crash never leaves an empty one), then kept as it is, so a
-    restarted cluster keeps verifying the MACs its clients make."""
-    path = data_dir / SECRET_NAME
-    with contextlib.suppress(FileNotFoundError):
-        if path.read_bytes().strip():
-            return path
-    tmp = path.with_suffix(".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, (secrets.token_urlsafe(32) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(data_dir)
-    return path
 
 
 @contextlib.contextmanager
@@ -456,7 +438,9 @@ def busy_addresses(plan: ClusterPlan) -> list[str]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, int(port)))
-            except OSError:
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:  # not an address of this machine, say
+                    raise PlanError(f"cannot listen on {address}: {exc.strerror}") from None
                 busy.append(address)
     return busy
 
@@ -582,7 +566,6 @@ __all__ = [
     "PlanError",
     "Supervisor",
     "build_parser",
-    "ensure_cluster_secret",
     "main",
     "plan_cluster",
     "probe_ready",

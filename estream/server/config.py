@@ -24,8 +24,10 @@ and exits on ``--help``, ``--check-config`` and errors (as argparse does).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
+import socket
 import sys
 import tomllib
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -66,6 +68,26 @@ def host_port(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     port_number(port)
     return f"{host}:{port}"
+
+
+def bind_host(text: str) -> str:
+    """An IPv4 address every process of a cluster binds and registers under; a name is
+    resolved here to the address it names (``localhost``: 127.0.0.1), so that what the
+    servers register is what is compared with it. IPv6 is not supported.
+
+    >>> bind_host("127.0.0.2"), bind_host("localhost")
+    ('127.0.0.2', '127.0.0.1')
+    """
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        try:
+            ip = ipaddress.ip_address(socket.gethostbyname(text))
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"cannot resolve {text!r}: {exc}") from None
+    if ip.version != 4:
+        raise argparse.ArgumentTypeError(f"{text}: give an IPv4 address (IPv6 is not supported)")
+    return str(ip)
 
 
 def host_port_list(text: str) -> str:

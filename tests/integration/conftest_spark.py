@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from estream.devcluster.certs import SECRET_NAME
 from estream.devcluster.spark import new_spark, spark_env
-from estream.devcluster.up import SECRET_NAME
 from estream.devcluster.upcluster import pd_or_up
 
 __all__ = ["append", "cluster_pd", "cluster_secret", "create_stream", "new_spark", "read_all",

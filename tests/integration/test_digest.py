@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 import estream
+from estream.devcluster.certs import SECRET_NAME, ensure_cluster_secret
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.up import SECRET_NAME, ensure_cluster_secret, plan_cluster
+from estream.devcluster.up import plan_cluster
 from estream.devcluster.upcluster import UpCluster
 from estream.net.rangeclient import ReplicaClient
 from estream.wire.errors import Conflict, DigestMismatch
