@@ -119,3 +119,17 @@ def test_tls_clusters_run_a_kafka_gateway_with_the_members_security() -> None:
                                 "--http", "127.0.0.1:7150")
     assert gateway.args[6:] == tls.member_args()
     assert "--token-file" in gateway.args and "--tls-cert" in gateway.args
+
+
+def test_up_host_is_an_ipv4_address_names_resolved() -> None:
+    """``--host localhost`` never became ready (servers register as 127.0.0.1, readiness
+    compared with localhost); IPv6 was printed as ``::1:P`` and reported "in use"."""
+    from estream.devcluster.up import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--host", "localhost"]).host == "127.0.0.1"
+    assert parser.parse_args(["--host", "127.0.0.3"]).host == "127.0.0.3"
+    for bad in ("::1", "no-such-host.invalid"):
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args(["--host", bad])
+        assert stop.value.code == 2
