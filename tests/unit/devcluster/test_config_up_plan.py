@@ -129,7 +129,7 @@ def test_up_host_is_an_ipv4_address_names_resolved() -> None:
     parser = build_parser()
     assert parser.parse_args(["--host", "localhost"]).host == "127.0.0.1"
     assert parser.parse_args(["--host", "127.0.0.3"]).host == "127.0.0.3"
-    for bad in ("::1", "no-such-host.invalid"):
+    for bad in ("::1", "::"):
         with pytest.raises(SystemExit) as stop:
             parser.parse_args(["--host", bad])
         assert stop.value.code == 2
