@@ -66,6 +66,22 @@ def full(load: Mapping[str, Any]) -> bool:
     return exhausted(load) or filling(load)
 
 
+def _left_out(alive: list[Candidate], excluded: set[str], striped: bool) -> str:
+    """Why live servers are not available (a NoPlacement's message): "" when none is left
+    out. Pure.
+
+    >>> _left_out([Candidate("a", "ssd", True), Candidate("b", "ssd", True)], {"b"}, False)
+    ' (of 2 live: 1 draining or already holding it)'
+    """
+    reasons = [(sum(c.id in excluded for c in alive), "draining or already holding it"),
+               (sum(c.exhausted for c in alive if c.id not in excluded), "out of disk or "
+                "descriptors"),
+               (sum(striped and not c.striped for c in alive
+                    if c.id not in excluded and not c.exhausted), "not taking striped replicas")]
+    said = [f"{n} {why}" for n, why in reasons if n]
+    return f" (of {len(alive)} live: {', '.join(said)})" if said else ""
+
+
 def choose_replicas(
     candidates: Iterable[Candidate],
     count: int,
@@ -95,12 +111,13 @@ def choose_replicas(
     Raises :class:`NoPlacement` when fewer than ``count`` servers are eligible.
     """
     excluded = set(exclude)
-    eligible = [c for c in candidates if c.alive and not c.exhausted and c.id not in excluded
+    alive = [c for c in candidates if c.alive]
+    eligible = [c for c in alive if not c.exhausted and c.id not in excluded
                 and (c.striped or not striped)]
     if len(eligible) < count:
         raise NoPlacement(
             f"need {count} live range servers{' taking striped replicas' if striped else ''}"
-            f", {len(eligible)} available",
+            f", {len(eligible)} available{_left_out(alive, excluded, striped)}",
             needed=count,
             available=len(eligible),
         )
