@@ -113,8 +113,9 @@ class Drainer:
     async def _roll(self, stream: StreamMeta, hidden: bool) -> int:
         last = stream.last_range
         assert last is not None
-        log.warning("stream %r: open range %d is on a draining server and has no live "
-                    "writer: PD rolls it", stream.name, last.index)
+        # A drain's normal work, once per idle stream (thousands of lines at WARNING):
+        log.info("stream %r: open range %d is on a draining server and has no live "
+                 "writer: PD rolls it", stream.name, last.index)
         result = await self.recoverer.recover(stream, hidden=hidden)
         if result is None:
             return 0
