@@ -30,9 +30,11 @@ def check_stream_id(name: str, stream_id: int, now_id: int) -> None:
     """:func:`check_incarnation` of an answer that names only the stream id it is of
     (``now_id``), as a page of PD's time ranges does."""
     if now_id != stream_id:
+        # Ids only grow: a lower one was this name's before a delete; a higher one never was.
+        why = " now (deleted and created again)" if stream_id < now_id else ""
         raise StreamNotFound(
-            f"stream {name!r} (id {stream_id}) not found: the name is stream id {now_id} "
-            "now (deleted and created again)", stream=name)
+            f"stream {name!r} (id {stream_id}) not found: the name is stream id {now_id}{why}",
+            stream=name)
 
 
 __all__ = ["check_incarnation", "check_stream_id"]

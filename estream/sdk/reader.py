@@ -245,10 +245,15 @@ async def read_stream_views(
         yield views
 
 
-def check_read_offsets(start: object, end: object) -> None:
-    """``start`` an offset (an int, 0 or more) and ``end`` one or None, else
-    :class:`InvalidArgument` naming it (a string compared with an int raised ``TypeError``;
-    -1 was "trimmed", of a stream never trimmed)."""
+def check_read_offsets(start: object, end: object, stream_id: object = 0) -> None:
+    """``start`` an offset (an int, 0 or more) and ``end`` one or None, ``stream_id`` a
+    stream id (0: whichever stream has the name), else :class:`InvalidArgument` naming it
+    (a string compared with an int raised ``TypeError``; -1 was "trimmed", of a stream
+    never trimmed; a stream id of -1 "deleted and created again")."""
+    if isinstance(stream_id, bool) or not isinstance(stream_id, int) \
+            or not 0 <= stream_id < 2**63:
+        raise InvalidArgument(f"stream_id must be a stream id (an int from 1 to 2**63-1, or 0: "
+                              f"any), got {stream_id!r:.40}", argument="stream_id")
     for what, offset in (("start", start), ("end", end)):
         if offset is None and what == "end":
             continue
@@ -279,7 +284,7 @@ async def _read_answers(
     else in parts side by side (their runs come from different servers), delivered in
     order, each part a read of its own, of the same stream id; the rest (everything of an
     unstriped stream) as one read."""
-    check_read_offsets(start, end)
+    check_read_offsets(start, end, stream_id)
     meta = await client.stream_meta(name, offset=start)
     if stream_id and meta.id != stream_id:  # a stale view, or the name is another's now
         meta = await client.stream_meta(name, refresh=True, offset=start)

@@ -178,6 +178,15 @@ async def test_sdk_refuses_arguments_of_the_wrong_kind_as_invalid_argument(
             with pytest.raises(estream.InvalidArgument, match="offset"):
                 [r async for r in client.read("sdk-kinds", start, end)]  # type: ignore[arg-type]
         assert [r.value async for r in client.read("sdk-kinds", 0, 1)] == [b"good"]
+        # A stream id that cannot be one is refused; one above the name's was never its
+        # (both said "deleted and created again").
+        for stream_id in (-1, 2**63, "7"):
+            with pytest.raises(estream.InvalidArgument, match="stream_id"):
+                [r async for r in client.read("sdk-kinds", 0, 1, stream_id=stream_id)]  # type: ignore[arg-type]
+        meta = await client.describe_stream("sdk-kinds")
+        with pytest.raises(estream.StreamNotFound) as unknown:
+            [r async for r in client.read("sdk-kinds", 0, 1, stream_id=meta.id + 1000)]
+        assert "deleted" not in unknown.value.message
         for timeout in (float("nan"), float("inf"), "5", 0):
             with pytest.raises(estream.InvalidArgument, match="delivery_timeout_s"):
                 await client.open_writer("sdk-kinds", delivery_timeout_s=timeout)  # type: ignore[arg-type]
