@@ -25,6 +25,7 @@ from estream.core.writeeffects import Effect, record_size, value_size
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument, Timeout
+from estream.wire.packing import packb
 from estream.wire.record import RECORD_PREFIX_BYTES, Record
 
 if TYPE_CHECKING:
@@ -99,6 +100,10 @@ def append_argument_error(value: object, headers: object, timestamp: object,
         except UnicodeEncodeError:
             return InvalidArgument(f"header {name[:64]!r} is not Unicode text (a lone "
                                    "surrogate)", argument="headers")
+    size = len(packb(dict(headers)))
+    if size > limits.record_headers_bytes_max:
+        return InvalidArgument(f"record headers of {size} bytes exceed "
+                               f"{limits.record_headers_bytes_max}", argument="headers")
     return None
 
 

@@ -50,6 +50,7 @@ from estream.wire.errors import (
     EstreamError,
     Fenced,
     InvalidArgument,
+    MalformedBatch,
     RangeSealed,
     Unavailable,
 )
@@ -197,7 +198,8 @@ class Writer:
             self._queue.enqueue(future, value, headers, timestamp, sequence, key,
                                 stamp=stamp)
         except Exception as exc:  # noqa: BLE001 - raised where it is awaited
-            if not isinstance(exc, EstreamError):  # a header that is not text, say
+            # A header that is not text, say; or headers the encoding refused (too large).
+            if not isinstance(exc, EstreamError) or isinstance(exc, MalformedBatch):
                 exc = append_argument_error(value, headers, timestamp, key) or exc
             if not future.done():
                 future.set_exception(exc)

@@ -168,7 +168,7 @@ async def test_sdk_refuses_arguments_of_the_wrong_kind_as_invalid_argument(
                 {"headers": {"a": 1}}, {"headers": {"a": None}}, {"headers": {1: "b"}},
                 {"headers": [("a", "b")]}, {"headers": {"a": chr(0xD800)}},
                 {"timestamp": "now"}, {"timestamp": 1.9}, {"timestamp": True},
-                {"timestamp": 2**64}]
+                {"timestamp": 2**64}, {"headers": {"h": "x" * 70_000}}]
             for kwargs in bad:
                 with pytest.raises(estream.InvalidArgument) as refused:
                     await writer.append(b"v", **kwargs)
