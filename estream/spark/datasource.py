@@ -9,6 +9,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
+from estream.spark.options import SourceOptions
 from estream.spark.sink import EstreamStreamWriter
 from estream.spark.source import SCHEMA, EstreamBatchReader, EstreamStreamReader
 
@@ -25,6 +26,10 @@ class EstreamDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
+        # Spark asks for the schema at ``load()``: a bad read option fails there, with its
+        # InvalidArgument. In the streaming reader's constructor it reached the user as
+        # PySpark's own UnboundLocalError (its runner's cleanup names a reader never made).
+        SourceOptions.parse(self.options)
         return SCHEMA
 
     def reader(self, schema: StructType) -> EstreamBatchReader:

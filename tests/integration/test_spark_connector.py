@@ -218,6 +218,14 @@ def test_unknown_stream_fails_the_query_with_a_clear_message(spark: Any, estream
         query.awaitTermination(QUERY_TIMEOUT_S)
 
 
+def test_a_bad_streaming_option_fails_at_load_naming_it(spark: Any, estream_pd: str) -> None:
+    """It reached the user as PySpark's UnboundLocalError ('reader') when the query ran,
+    the InvalidArgument only in the chained traceback."""
+    with pytest.raises(Exception, match="maxRecordsPerTrigger") as info:
+        source(spark, estream_pd, "orders", maxRecordsPerTrigger=-1)
+    assert "UnboundLocalError" not in str(info.value)
+
+
 def test_unreachable_pd_fails_the_query_with_a_clear_message(spark: Any) -> None:
     from estream.devcluster.process import free_port
 
