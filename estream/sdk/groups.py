@@ -1,7 +1,8 @@
 """The consumer-group calls to PD (``PD_GROUP_*``), shared by the Kafka gateway, the SDK's
 ``client.subscribe`` and the CLI: one typed method per opcode, and the two waits at the
 rebalance barriers (:meth:`GroupClient.join`, :meth:`GroupClient.sync`), which ask PD
-again every :data:`barrier_poll_s` until the round is done or the wait's bound passes.
+again after :data:`barrier_poll_s`, pausing longer each time up to
+:data:`barrier_poll_s_max`, until the round is done or the wait's bound passes.
 The waits are asyncio sleeps: a member at a barrier holds no thread and no other request.
 
 Outcomes a member acts on come back as Kafka's error names (``""``: none; see
@@ -24,7 +25,11 @@ from estream.wire import limits
 from estream.wire.errors import InvalidArgument
 from estream.wire.protocol import Opcode
 
-barrier_poll_s: Final = 0.05  # how often a member at a barrier asks PD again
+barrier_poll_s: Final = 0.05  # how soon a member at a barrier first asks PD again
+# ... then each pause half as long again, up to this: a member waiting for a slow round asks
+# twice a second, not twenty times (700 members waiting: 14,000 PD calls a second, which
+# starved every other client of the leader).
+barrier_poll_s_max: Final = 0.5
 barrier_wait_s_max: Final = 300.0  # the longest any barrier is waited for
 REBALANCING: Final = "rebalance_in_progress"
 
@@ -71,6 +76,7 @@ class GroupClient:
         waiting = gm.MemberRequest(group=group, member=member, generation=joined.generation)
         deadline = time.monotonic() + min(barrier_wait_s_max,
                                           max(rebalance_timeout_ms, 1000) / 1000)
+        pause = barrier_poll_s
         while True:
             got = gm.AwaitJoinAnswer.from_header(
                 await self.pd.call(Opcode.PD_GROUP_AWAIT_JOIN, waiting.to_header()))
@@ -81,7 +87,7 @@ class GroupClient:
                               got.members)
             if time.monotonic() >= deadline:
                 return Joined(REBALANCING)
-            await asyncio.sleep(barrier_poll_s)
+            pause = await _pause(pause)
 
     async def sync(self, group: str, member: str, generation: int,
                    assignments: list[tuple[str, bytes]] | None = None, *,
@@ -95,6 +101,7 @@ class GroupClient:
         request = gm.SyncRequest(group=group, member=member, generation=generation,
                               assignments=tuple(assignments or ()))
         deadline = time.monotonic() + min(wait_s, barrier_wait_s_max)
+        pause = barrier_poll_s
         while True:
             got = gm.SyncAnswer.from_header(
                 await self.pd.call(Opcode.PD_GROUP_SYNC, request.to_header()))
@@ -105,7 +112,7 @@ class GroupClient:
             if time.monotonic() >= deadline:
                 return REBALANCING, b""
             request = replace(request, assignments=())  # given once
-            await asyncio.sleep(barrier_poll_s)
+            pause = await _pause(pause)
 
     async def heartbeat(self, group: str, member: str, generation: int) -> str:
         got = await self.pd.call(Opcode.PD_GROUP_HEARTBEAT, gm.MemberRequest(
@@ -152,3 +159,9 @@ class GroupClient:
         got = await self.pd.call(Opcode.PD_GROUP_DELETE_OFFSETS, gm.StreamsRequest(
             group=group, streams=tuple(streams)).to_header())
         return list(gm.ErrorsAnswer.from_header(got).errors)
+
+
+async def _pause(pause_s: float) -> float:
+    """Sleep ``pause_s`` at a barrier; the next pause (half as long again, bounded)."""
+    await asyncio.sleep(pause_s)
+    return min(pause_s * 1.5, barrier_poll_s_max)
