@@ -64,6 +64,10 @@ from pd.pmap import PMap
 
 groups_max: Final = 10_000
 members_per_group_max: Final = 1_000
+# Every member's protocol metadata together: the leader's join answer carries the chosen
+# protocol's of each member, and describe answers all of it, each in one frame header (1 MiB).
+# 70 members of 16 KiB each (within their own bound) made both answers fail for good.
+group_metadata_bytes_max: Final = 512 * 1024
 member_metadata_bytes_max: Final = limits.group_member_metadata_bytes_max  # its protocols
 assignment_bytes_max: Final = limits.group_assignment_bytes_max  # a round's, every member's
 protocols_per_member_max: Final = 16
@@ -213,7 +217,15 @@ def join_refusal(group: Group | None, member: Member, protocol_type: str,
         return INCONSISTENT_PROTOCOL
     if group.member(member.id) is None and len(group.members) >= members_per_group_max:
         return GROUP_FULL
+    if sum(metadata_bytes(m) for m in others) + metadata_bytes(member) \
+            > group_metadata_bytes_max:
+        return GROUP_FULL
     return ""
+
+
+def metadata_bytes(member: Member) -> int:
+    """The bytes of a member's protocol metadata (every protocol's, with their names)."""
+    return sum(len(name) + len(metadata) for name, metadata in member.protocols)
 
 
 def heartbeat_error(group: Group | None, member_id: str, generation: int) -> str:

@@ -51,8 +51,9 @@ _REFUSALS: Final[dict[str, type[EstreamError]]] = {
 _REFUSAL_WHY: Final = {
     "inconsistent_group_protocol": "the group's members speak another protocol (a group is "
                                    "either Kafka consumers' or client.subscribe's)",
-    "group_max_size_reached": "the group has as many members as it may (1,000), or the "
-                              "cluster as many groups (10,000)"}
+    "group_max_size_reached": "the group has as many members (1,000) or as much member "
+                              "metadata (512 KiB) as it may, or the cluster as many groups "
+                              "(10,000)"}
 
 
 @dataclass(frozen=True, slots=True)

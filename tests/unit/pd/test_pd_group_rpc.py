@@ -129,3 +129,23 @@ async def test_a_commit_from_no_member_leaves_nothing_behind() -> None:
             offsets=(("s", 1, 0),)).to_header()))
         assert got.errors == ("unknown_member_id",)
     assert rpc.clock._seen == {}
+
+
+async def test_a_join_past_the_groups_metadata_bound_is_refused() -> None:
+    """70 members of 16 KiB metadata each (within their own bound) made the leader's join
+    answer and describe exceed a frame header (1 MiB): every join of the group failed."""
+    from pd.groups import group_metadata_bytes_max
+
+    service = FakeService()
+    rpc = GroupRpc(service)  # type: ignore[arg-type]
+    big = b"m" * 16_000
+    admitted = 0
+    for i in range(70):
+        answer = JoinAnswer.from_header(await rpc._rpc_join(JoinRequest(
+            group="g", member=f"m{i}", protocol_type="consumer", protocols=(("range", big),),
+            session_timeout_ms=10_000, rebalance_timeout_ms=300_000).to_header()))
+        if answer.error:
+            assert answer.error == "group_max_size_reached"
+            break
+        admitted += 1
+    assert admitted == group_metadata_bytes_max // (16_000 + len("range"))
