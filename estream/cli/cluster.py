@@ -75,11 +75,28 @@ def problems(nodes: Sequence[Mapping[str, Any]],
     return found
 
 
+def by_self(nodes: Sequence[Mapping[str, Any]],
+            answers: Sequence[Mapping[str, Any] | None],
+            given: Sequence[Mapping[str, Any] | None]) -> list[Mapping[str, Any] | None]:
+    """Each node's answer: its own at its advertised address, else one of ``given`` (the
+    answers of the addresses the user gave: a port mapping, a tunnel, NAT) whose ``self``
+    is that node. Pure."""
+    found = {a.get("self"): a for a in given if a is not None}
+    return [a if a is not None else found.get(n.get("id")) for n, a in zip(
+        nodes, answers, strict=True)]
+
+
 async def status(client: Any, ns: argparse.Namespace) -> int:
     cluster = await client.cluster()
     servers = [s.to_dict() for s in await client.list_servers()]
     listed = cluster.get("nodes", [])
-    nodes = node_states(listed, await asyncio.gather(*(_probe(client, n) for n in listed)))
+    answers: Sequence[Mapping[str, Any] | None] = await asyncio.gather(
+        *(_probe(client, n) for n in listed))
+    others = [a for a in client.pd.addresses if a not in {n.get("address") for n in listed}]
+    if others and None in answers:  # the advertised addresses may not be reachable from here
+        answers = by_self(listed, answers, await asyncio.gather(
+            *(_probe(client, {"address": a}) for a in others)))
+    nodes = node_states(listed, answers)
     found = problems(nodes, servers)
     if ns.json:
         emit_json({"healthy": not found, "problems": found, "cluster": cluster,

@@ -45,3 +45,16 @@ def test_a_dead_range_server_is_a_problem() -> None:
                                 answer(2, "candidate", None)])
     down = [*ALIVE, {"id": "rs2", "address": "127.0.0.1:7131", "alive": False}]
     assert problems(nodes, down) == ["range server rs2 (127.0.0.1:7131) is down"]
+
+
+def test_nodes_reached_through_the_given_addresses_count_as_reachable() -> None:
+    """Through a port mapping (compose, a tunnel) the advertised addresses do not answer
+    but the ones the user gave do: each is matched to its node by the id it names (every
+    node was "unreachable" and the cluster had "no leader")."""
+    from estream.cli.cluster import by_self
+
+    matched = by_self(NODES, [None, None, None],
+                      [answer(2, "follower", 0), None, answer(0, "leader", 0)])
+    nodes = node_states(NODES, matched)
+    assert [n["role"] for n in nodes] == ["leader", "unreachable", "follower"]
+    assert problems(nodes, ALIVE) == ["PD node 1 (127.0.0.1:7101) is unreachable"]
