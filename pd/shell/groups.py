@@ -242,11 +242,12 @@ class GroupRpc:
         asked = CommitRequest.from_header(h)
         name, member_id, pairs = asked.group, asked.member, asked.offsets
         view, now = await self._leading(name)
-        error = commit_error(view.groups.get(name), member_id, asked.generation)
+        group = view.groups.get(name)
+        if member_id and group is not None and group.member(member_id) is not None:
+            self.clock.touch(name, member_id, now)  # (only members: any id could be sent)
+        error = commit_error(group, member_id, asked.generation)
         if error:
             return ErrorsAnswer((error,) * len(pairs)).to_header()
-        if member_id:  # a member of the group (else an error above): only those are tracked
-            self.clock.touch(name, member_id, now)
 
         async def one(entry: tuple[str, int, int]) -> str:
             stream, offset, stream_id = entry
