@@ -148,9 +148,8 @@ def check_start(name: str, offset: int, bounds: StreamBounds, fail_on_data_loss:
         what = (f"stream {name!r} was deleted and created again (its id was {stream_id}, "
                 f"is {bounds.id}): the old stream's records from offset {offset} on are "
                 "gone, and the new one is read from its start")
-        offset, skip_to = bounds.start, bounds.start
         if not fail_on_data_loss:
-            return skip_to
+            return bounds.start
         raise OffsetOutOfRange(what + ". Set option failOnDataLoss=false to go on so.",
                                offset=offset, start=bounds.start, end=bounds.end)
     if bounds.start <= offset <= bounds.end:

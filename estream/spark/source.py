@@ -69,9 +69,7 @@ from estream.spark.timestarts import apply_starting_times
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument, OffsetOutOfRange, StreamNotFound
 from estream.wire.meta import StreamMeta
-from estream.wire.record import (
-    BatchView,
-)
+from estream.wire.record import BatchView
 
 SCHEMA = ("stream string, offset long, timestamp timestamp, headers map<string,string>, "
           "value binary, key binary")
