@@ -24,7 +24,7 @@ from typing import Any, Final
 from estream.cli.admin import admin_get
 from estream.cli.output import emit_json, human_bytes, key_values, print_tables, table
 from estream.server.config import seconds
-from estream.wire.errors import InvalidArgument, ServerNotFound
+from estream.wire.errors import InvalidArgument, ServerNotFound, Unavailable
 
 wait_poll_s: Final = 1.0
 server_prefix_chars_min: Final = 4
@@ -105,8 +105,16 @@ async def describe(client: Any, ns: argparse.Namespace) -> int:
 
 async def _outlook(client: Any, ns: argparse.Namespace, server_id: str) -> dict[str, Any]:
     """Whether a drain of the server can finish (the admin API's ``"drain"``: enough other
-    live, active servers for its widest range), asked before anything moves."""
-    found, _ = await admin_get(client, ns, f"/v1/rangeservers/{server_id}")
+    live, active servers for its widest range), asked before anything moves. Advice
+    only: an admin API this host cannot reach (a port mapping, a tunnel) is said, and the
+    drain, which goes over RPC, still happens."""
+    try:
+        found, _ = await admin_get(client, ns, f"/v1/rangeservers/{server_id}")
+    except Unavailable as exc:
+        if not ns.json:
+            print(f"warning: cannot tell whether the drain can finish: {exc.message}",
+                  file=sys.stderr)
+        return {}
     outlook = found.get("drain") if isinstance(found, dict) else None
     return outlook if isinstance(outlook, dict) else {}
 
@@ -126,7 +134,7 @@ async def drain(client: Any, ns: argparse.Namespace) -> int:
     if ns.json:
         emit_json(server | ({"drain": outlook} if outlook else {}))
     elif ns.cancel:
-        print(f"range server {server_id} is active again")
+        print(f"range server {server_id} is {server.get('state')}")
     else:
         print(f"range server {server_id} is {server.get('state')} "
               f"({server.get('replicas')} replicas left)")

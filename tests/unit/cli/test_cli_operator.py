@@ -123,3 +123,23 @@ def test_numbers_past_what_the_protocol_carries_are_usage_errors(
         user.main([*argv, "--pd", "127.0.0.1:1"])
     assert stop.value.code == 2
     assert "argument --" in capsys.readouterr().err
+
+
+def test_a_drain_goes_ahead_when_its_outlook_cannot_be_read(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The outlook comes from the admin API at the leader's advertised address, which a
+    host reaching PD through a port mapping cannot reach: the drain (over RPC) stopped
+    there, before draining anything."""
+    import argparse
+    import asyncio
+
+    from estream.cli import servers
+    from estream.wire.errors import Unavailable
+
+    async def unreachable(*_: object) -> tuple[object, bool]:
+        raise Unavailable("cannot read http://pd-1:7120/v1/rangeservers/rs-1")
+
+    monkeypatch.setattr(servers, "admin_get", unreachable)
+    ns = argparse.Namespace(json=False)
+    assert asyncio.run(servers._outlook(None, ns, "rs-1")) == {}
+    assert "cannot tell whether the drain can finish" in capsys.readouterr().err
