@@ -1233,12 +1233,14 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     *[("wiped+down+lagging", lost_copy_down_lagging("wipe"), 3, s) for s in range(1, 7)],
     *[("damaged+down+lagging", lost_copy_down_lagging("damage"), 3, s)
       for s in (1, 2, 3, 4, 6, 7)],
-    *[("hung-of-three", hung_of_three, 3, s) for s in (1, 2, 3, 4, 5, 6)],
-    *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 3, 4, 5, 6, 8)],
+    # (Seeds whose run makes the row's fault happen, checked after the test: picked again
+    # whenever a change moves the worlds' timing, as PD's group sweep did.)
+    *[("hung-of-three", hung_of_three, 3, s) for s in (1, 2, 3, 4, 5, 7)],
+    *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 3, 4, 5, 6, 9)],
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
     # A striped stream (E 5, R 3, A 2 on 6 servers) beside the unstriped one.
     *[(f"striped-{k}", striped_fault(k), 6, s)
-      for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in range(2)],
+      for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in (1, 2)],
     *[("striped-writer-dies-lagging+down", striped_writer_dies, 6, s) for s in range(4)],
     # A plain read's first choice hung (issue 27 item 3), unstriped and striped.
     *[("hung-holder-read", hung_first_choice, 3, s) for s in range(2)],
